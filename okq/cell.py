@@ -1,0 +1,193 @@
+"""One mutable object, written by one serialised, batching writer per process.
+
+An engine never races itself on a key: every change to an object goes through
+its :class:`Cell`, which gathers the changes submitted while the previous write
+was in flight and applies them all in one compare-and-swap (group commit).
+
+A change is a function ``fn(obj, now) -> result`` that mutates a freshly decoded
+copy of the object; it may raise an :class:`~okq.errors.OkqError` to refuse
+itself, which fails that change alone. On CASConflict the cell re-reads and
+re-applies the whole batch. On any other StorageError the write is ambiguous:
+the cell re-reads and checks for its own nonce, so a landed write is never
+applied twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from okq.clock import Clock
+from okq.errors import CASConflict, ObjectNotFound, OkqError, StorageError
+from okq.model import new_nonce
+from okq.store.base import Store
+
+log = logging.getLogger("okq.cell")
+
+
+class Versioned(Protocol):
+    ver: int
+    nonce: str
+
+
+T = TypeVar("T", bound=Versioned)
+Change = Callable[[Any, int], Any]
+
+
+@dataclass
+class _Pending:
+    fn: Change
+    fut: asyncio.Future[Any]
+
+
+class Cell(Generic[T]):
+    MAX_ATTEMPTS = 12
+
+    def __init__(
+        self,
+        store: Store,
+        key: str,
+        clock: Clock,
+        encode: Callable[[T], bytes],
+        decode: Callable[[bytes], T],
+        initial: Callable[[], T] | None = None,
+        on_conflict: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.clock = clock
+        self.encode = encode
+        self.decode = decode
+        self.initial = initial  # when given, a missing object is created with this
+        self.on_conflict = on_conflict
+        self.etag: str | None = None
+        self.data: bytes | None = None
+        self.fetched_ms: int | None = None  # None: nothing cached
+        self.conflict_ms = 0  # last time a write lost a race
+        self._pending: list[_Pending] = []
+        self._task: asyncio.Task[None] | None = None
+
+    # -- reading -----------------------------------------------------------
+    async def refresh(self) -> None:
+        try:
+            blob = await self.store.get(self.key)
+        except ObjectNotFound:
+            self.etag, self.data = None, None
+        else:
+            self.etag, self.data = blob.etag, blob.data
+        self.fetched_ms = self.clock.now_ms()
+
+    async def read(self, max_age_ms: int = 0) -> T | None:
+        """A decoded copy no older than ``max_age_ms`` (by this process's clock)."""
+        if self.fetched_ms is None or self.clock.now_ms() - self.fetched_ms > max_age_ms:
+            await self.refresh()
+        return self.cached()
+
+    def cached(self) -> T | None:
+        if self.data is None:
+            return self.initial() if self.initial is not None and self.fetched_ms else None
+        return self.decode(self.data)
+
+    def forget(self) -> None:
+        self.fetched_ms = None
+
+    # -- writing -----------------------------------------------------------
+    async def update(self, fn: Change) -> Any:
+        """Apply ``fn`` in the next group write; return its result once it landed."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(fn, fut))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"cell {self.key}")
+        return await fut
+
+    async def _run(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await self._write(batch)
+            except BaseException as exc:  # a crash or a cancel reaches every waiter
+                for p in batch:
+                    if not p.fut.done():
+                        p.fut.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    for p in self._pending:
+                        p.fut.set_exception(exc)
+                    self._pending = []
+                    return
+
+    async def _write(self, batch: list[_Pending]) -> None:
+        for _ in range(self.MAX_ATTEMPTS):
+            if self.fetched_ms is None:
+                await self.refresh()
+            obj = self.cached()
+            if obj is None:
+                raise ObjectNotFound(f"no object {self.key!r}", key=self.key)
+            results = self._apply(obj, batch)
+            if all(isinstance(r, BaseException) for r in results):
+                self._resolve(batch, results)
+                return
+            if await self._put(obj):
+                self._resolve(batch, results)
+                return
+        raise StorageError(f"gave up writing {self.key!r} after {self.MAX_ATTEMPTS} attempts")
+
+    def _apply(self, obj: T, batch: list[_Pending]) -> list[Any]:
+        now = self.clock.now_ms()
+        results: list[Any] = []
+        for p in batch:
+            try:
+                results.append(p.fn(obj, now))
+            except OkqError as exc:
+                results.append(exc)
+        return results
+
+    async def _put(self, obj: T) -> bool:
+        """Write ``obj`` conditionally; True when it landed."""
+        obj.ver += 1
+        obj.nonce = new_nonce()
+        data = self.encode(obj)
+        try:
+            if self.etag is None:
+                etag = await self.store.put(self.key, data, if_none_match=True)
+            else:
+                etag = await self.store.put(self.key, data, if_match=self.etag)
+        except CASConflict:
+            self.conflict_ms = self.clock.now_ms()
+            if self.on_conflict:
+                self.on_conflict()
+            self.forget()
+            return False
+        except StorageError as exc:
+            log.warning("ambiguous write to %s: %s; re-reading", self.key, exc)
+            return await self._landed(obj.nonce)
+        self.etag, self.data, self.fetched_ms = etag, data, self.clock.now_ms()
+        return True
+
+    async def _landed(self, nonce: str) -> bool:
+        for delay in (0.05, 0.2, 0.5, 1.0, 2.0):
+            try:
+                await self.refresh()
+            except StorageError:
+                await asyncio.sleep(delay)
+                continue
+            current = self.cached()
+            return current is not None and current.nonce == nonce
+        self.forget()
+        raise StorageError(f"cannot tell whether a write to {self.key!r} landed")
+
+    @staticmethod
+    def _resolve(batch: list[_Pending], results: list[Any]) -> None:
+        for p, r in zip(batch, results, strict=True):
+            if p.fut.done():
+                continue
+            if isinstance(r, BaseException):
+                p.fut.set_exception(r)
+            else:
+                p.fut.set_result(r)
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -1,0 +1,70 @@
+"""Where every object lives. All keys sit under a namespace prefix ``{ns}/``.
+
+=============================================  ===========================================
+key                                             object
+=============================================  ===========================================
+``{ns}/manifests/{queue}``                      the queue's manifest (CAS, the authority)
+``{ns}/segments/{queue}/{segment}``             an immutable segment (create-only)
+``{ns}/leases/{queue}/{segment}``               the segment's lease object: leases and
+                                                completion tombstones of its items (CAS)
+=============================================  ===========================================
+
+Segment ids start with their creation time in hex milliseconds, so a listing
+is in creation order and a garbage collector can read an orphan's age from its
+name as well as from the store's ``LastModified``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from okq.errors import InvalidRequest
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SEGMENT_RE = re.compile(r"^[0-9a-f]{12}-[0-9a-f]{10}$")
+
+
+def check_name(value: str, field: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise InvalidRequest(
+            f"{field} must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit; got {value!r}",
+            field=field,
+        )
+    return value
+
+
+def new_segment_id(now_ms: int) -> str:
+    return f"{now_ms:012x}-{secrets.token_hex(5)}"
+
+
+def segment_created_ms(segment_id: str) -> int:
+    return int(segment_id.split("-", 1)[0], 16)
+
+
+def manifests_prefix(ns: str) -> str:
+    return f"{ns}/manifests/"
+
+
+def manifest_key(ns: str, queue: str) -> str:
+    return f"{ns}/manifests/{queue}"
+
+
+def segment_key(ns: str, queue: str, segment: str) -> str:
+    return f"{ns}/segments/{queue}/{segment}"
+
+
+def lease_key(ns: str, queue: str, segment: str) -> str:
+    return f"{ns}/leases/{queue}/{segment}"
+
+
+def item_id(segment: str, index: int) -> str:
+    return f"{segment}.{index}"
+
+
+def parse_item_id(value: str, field: str = "id") -> tuple[str, int]:
+    seg, _, idx = value.rpartition(".")
+    if not SEGMENT_RE.match(seg) or not idx.isdigit():
+        raise InvalidRequest(f"{field} is not an okq item id: {value!r}", field=field)
+    return seg, int(idx)

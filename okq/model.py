@@ -1,0 +1,225 @@
+"""The state objects okq keeps in the store, and their msgpack codec.
+
+Every object is a msgpack map with ``f`` (its kind) and ``v`` (its format
+version); decoders refuse other kinds and versions with a FormatError that
+keeps the bytes. Every mutable object also carries ``ver`` (a counter bumped
+on each write) and ``nonce`` (random per write): ETags are content hashes, so
+without them A -> B -> A would pass an If-Match, and an ambiguous write could
+not be told from another writer's.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from okq.errors import FormatError
+from okq.keys import check_name
+
+FORMAT_VERSION = 1
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(8)
+
+
+class QueueConfig(BaseModel):
+    """A queue's configuration, kept in its manifest. Times are in seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lease_timeout: float = Field(30.0, ge=0.1, le=43_200, description="seconds a lease lasts")
+    retention: float = Field(
+        345_600, ge=1, le=1_209_600, description="seconds an item is kept (default 4 days)"
+    )
+    max_attempts: int = Field(
+        0, ge=0, le=10_000, description="deliveries before dead-lettering; 0 = unlimited"
+    )
+    dead_queue: str | None = Field(None, description="queue that receives dead items")
+
+    @field_validator("dead_queue")
+    @classmethod
+    def _dead_queue_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value, "dead_queue")
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_timeout * 1000)
+
+
+@dataclass(slots=True)
+class SegmentMeta:
+    id: str
+    count: int
+    created_ms: int
+    size: int
+
+    def pack(self) -> list[Any]:
+        return [self.id, self.count, self.created_ms, self.size]
+
+    @classmethod
+    def unpack(cls, raw: list[Any]) -> SegmentMeta:
+        return cls(raw[0], raw[1], raw[2], raw[3])
+
+
+@dataclass(slots=True)
+class Manifest:
+    queue: str
+    created_ms: int
+    config: QueueConfig
+    segments: list[SegmentMeta] = field(default_factory=list)
+    idem: dict[str, list[Any]] = field(default_factory=dict)  # key -> [item id, expires_ms]
+    produced: int = 0  # items ever published
+    gc_floor_ms: int = 0  # segments created before this are never published
+    ver: int = 0
+    nonce: str = ""
+
+
+@dataclass(slots=True)
+class SegmentItem:
+    payload: bytes
+    enqueue_at_ms: int | None = None
+    meta: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Segment:
+    id: str
+    queue: str
+    created_ms: int
+    publish_by_ms: int
+    items: list[SegmentItem]
+
+
+# Item states in a lease object. An item with no entry is fresh: never leased.
+LEASED = "L"  # t = lease deadline; expired leases are as good as WAITING at t
+WAITING = "W"  # t = ready time (retried)
+DONE = "D"  # completed: a tombstone
+DEAD_PENDING = "X"  # being moved to the dead-letter queue; t = when that began
+DEAD = "Z"  # moved to the dead-letter queue (or dropped: no dead queue)
+
+
+@dataclass(slots=True)
+class ItemState:
+    s: str
+    v: int  # delivery counter: bumped by every lease, fences stale tokens
+    attempts: int
+    t: int
+    err: str | None = None
+
+    def pack(self) -> list[Any]:
+        return [self.s, self.v, self.attempts, self.t, self.err]
+
+    @classmethod
+    def unpack(cls, raw: list[Any]) -> ItemState:
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4])
+
+
+@dataclass(slots=True)
+class LeaseObject:
+    segment: str
+    items: dict[int, ItemState] = field(default_factory=dict)
+    ver: int = 0
+    nonce: str = ""
+
+
+# -- codec ---------------------------------------------------------------
+
+
+def _pack(kind: str, body: dict[str, Any]) -> bytes:
+    out: bytes = msgpack.packb({"f": kind, "v": FORMAT_VERSION, **body}, use_bin_type=True)
+    return out
+
+
+def _unpack(kind: str, data: bytes) -> dict[str, Any]:
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise FormatError(f"undecodable {kind} object: {exc}", data=data) from exc
+    if not isinstance(raw, dict) or raw.get("f") != kind:
+        raise FormatError(f"expected a {kind} object", data=data)
+    if raw.get("v") != FORMAT_VERSION:
+        raise FormatError(f"unsupported {kind} format version {raw.get('v')!r}", data=data)
+    return raw
+
+
+def encode_manifest(m: Manifest) -> bytes:
+    return _pack(
+        "manifest",
+        {
+            "queue": m.queue,
+            "created": m.created_ms,
+            "config": m.config.model_dump(),
+            "segments": [s.pack() for s in m.segments],
+            "idem": m.idem,
+            "produced": m.produced,
+            "gc_floor": m.gc_floor_ms,
+            "ver": m.ver,
+            "nonce": m.nonce,
+        },
+    )
+
+
+def decode_manifest(data: bytes) -> Manifest:
+    raw = _unpack("manifest", data)
+    try:
+        return Manifest(
+            queue=raw["queue"],
+            created_ms=raw["created"],
+            config=QueueConfig.model_validate(raw["config"]),
+            segments=[SegmentMeta.unpack(s) for s in raw["segments"]],
+            idem=raw["idem"],
+            produced=raw["produced"],
+            gc_floor_ms=raw["gc_floor"],
+            ver=raw["ver"],
+            nonce=raw["nonce"],
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise FormatError(f"malformed manifest: {exc}", data=data) from exc
+
+
+def encode_segment(s: Segment) -> bytes:
+    return _pack(
+        "segment",
+        {
+            "id": s.id,
+            "queue": s.queue,
+            "created": s.created_ms,
+            "publish_by": s.publish_by_ms,
+            "items": [[i.payload, i.enqueue_at_ms, i.meta] for i in s.items],
+        },
+    )
+
+
+def decode_segment(data: bytes) -> Segment:
+    raw = _unpack("segment", data)
+    try:
+        items = [SegmentItem(p, e, m) for p, e, m in raw["items"]]
+        return Segment(raw["id"], raw["queue"], raw["created"], raw["publish_by"], items)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FormatError(f"malformed segment: {exc}", data=data) from exc
+
+
+def encode_lease(o: LeaseObject) -> bytes:
+    return _pack(
+        "lease",
+        {
+            "segment": o.segment,
+            "items": {i: st.pack() for i, st in o.items.items()},
+            "ver": o.ver,
+            "nonce": o.nonce,
+        },
+    )
+
+
+def decode_lease(data: bytes) -> LeaseObject:
+    raw = _unpack("lease", data)
+    try:
+        items = {int(i): ItemState.unpack(st) for i, st in raw["items"].items()}
+        return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise FormatError(f"malformed lease object: {exc}", data=data) from exc

@@ -1,0 +1,112 @@
+"""The one narrow storage protocol every backend implements.
+
+Atomicity promises, which every backend must keep and the conformance suite
+checks:
+
+* ``put(..., if_none_match=True)`` creates the key only if it does not exist;
+  of any number of concurrent creators exactly one succeeds, the rest get
+  :class:`~okq.errors.CASConflict`.
+* ``put(..., if_match=etag)`` replaces the object only if its current ETag is
+  ``etag``; of concurrent writers holding the same ETag exactly one succeeds.
+  A missing key is a lost condition (``CASConflict``), whatever the server's
+  status for it (moto answers 404, SeaweedFS 412).
+* ``put`` with neither condition overwrites unconditionally.
+* ``get`` returns the bytes and ETag of one complete version of the object.
+* ``list`` pages through keys in lexicographic order; keys created or deleted
+  during a listing may or may not appear.
+
+ETags are content hashes: A -> B -> A is invisible to If-Match, so every state
+object okq writes carries its own version counter and nonce.
+
+Any :class:`~okq.errors.StorageError` from a write other than ``CASConflict``
+is ambiguous: the write may have landed. Callers resolve it by re-reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """One version of an object: its bytes and its ETag."""
+
+    data: bytes
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    etag: str
+    size: int
+    last_modified: float  # seconds since the epoch, by the store's clock
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    items: list[ObjectInfo]
+    next_start_after: str | None  # None when this is the last page
+
+
+@runtime_checkable
+class Store(Protocol):
+    """An object store: keys are ``/``-separated strings, values are bytes."""
+
+    url: str
+
+    async def get(self, key: str) -> Blob:
+        """Return the object. Raises ObjectNotFound."""
+        ...
+
+    async def head(self, key: str) -> ObjectInfo:
+        """Return the object's metadata. Raises ObjectNotFound."""
+        ...
+
+    async def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+    ) -> str:
+        """Write the object and return its new ETag. Raises CASConflict."""
+        ...
+
+    async def delete(self, key: str, *, if_match: str | None = None) -> None:
+        """Delete the object; deleting a missing key is not an error unless
+        ``if_match`` is given, in which case it raises CASConflict."""
+        ...
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int = 1000
+    ) -> ListPage:
+        """One page of keys under ``prefix``, after ``start_after``, in order."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+async def list_all(store: Store, prefix: str, *, page: int = 1000) -> AsyncIterator[ObjectInfo]:
+    """Every object under ``prefix``, following pages."""
+    start: str | None = None
+    while True:
+        result = await store.list(prefix, start_after=start, limit=page)
+        for info in result.items:
+            yield info
+        if result.next_start_after is None:
+            return
+        start = result.next_start_after
+
+
+def validate_key(key: str) -> str:
+    """Refuse keys that could escape a directory or confuse a listing."""
+    if not key or key.startswith("/") or key.endswith("/"):
+        raise ValueError(f"invalid object key {key!r}")
+    for part in key.split("/"):
+        if part in ("", ".", "..") or part.startswith(".tmp-"):
+            raise ValueError(f"invalid object key {key!r}")
+    return key

@@ -1,0 +1,169 @@
+"""``file://DIR`` — the embedded default store.
+
+Each object is a file under DIR. Durability: a write goes to a temporary file
+in the same directory, is fsynced, renamed over the target and the directory is
+fsynced, so a crash leaves the old or the new version, never a torn one.
+Conditional writes are atomic across processes on one machine: the check and
+the rename happen under an exclusive ``flock`` on a per-key lock file kept in
+``DIR/.locks``. ETags are the MD5 of the content, as on S3.
+
+Blocking file work runs in the default thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from okq.errors import CASConflict, ObjectNotFound, StorageError
+from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
+from okq.store.memory import etag_of
+
+LOCK_DIR = ".locks"
+
+
+class FileStore:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).resolve()
+        self.url = f"file://{self.root}"
+        (self.root / LOCK_DIR).mkdir(parents=True, exist_ok=True)
+
+    # -- paths and locks -------------------------------------------------
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    @contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        name = hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()
+        fd = os.open(self.root / LOCK_DIR / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    # -- blocking implementations ---------------------------------------
+    def _read(self, key: str) -> Blob:
+        try:
+            data = self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(f"no object {key!r}", key=key) from None
+        except OSError as exc:
+            raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
+        return Blob(data, etag_of(data))
+
+    def _head(self, key: str) -> ObjectInfo:
+        blob = self._read(key)
+        mtime = self._path(key).stat().st_mtime
+        return ObjectInfo(key, blob.etag, len(blob.data), mtime)
+
+    def _current_etag(self, path: Path) -> str | None:
+        try:
+            return etag_of(path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def _put(self, key: str, data: bytes, if_match: str | None, if_none_match: bool) -> str:
+        path = self._path(key)
+        with self._locked(key):
+            current = self._current_etag(path)
+            if if_none_match and current is not None:
+                raise CASConflict(f"{key!r} already exists", key=key)
+            if if_match is not None and current != if_match:
+                raise CASConflict(f"{key!r} changed", key=key)
+            try:
+                _atomic_write(path, data)
+            except OSError as exc:
+                raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
+        return etag_of(data)
+
+    def _delete(self, key: str, if_match: str | None) -> None:
+        path = self._path(key)
+        with self._locked(key):
+            if if_match is not None and self._current_etag(path) != if_match:
+                raise CASConflict(f"{key!r} changed", key=key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return
+            _fsync_dir(path.parent)
+
+    def _list(self, prefix: str, start_after: str | None, limit: int) -> ListPage:
+        keys = sorted(k for k in self._walk(prefix) if k.startswith(prefix))
+        if start_after is not None:
+            keys = [k for k in keys if k > start_after]
+        items: list[ObjectInfo] = []
+        for key in keys:
+            if len(items) == limit:
+                return ListPage(items, items[-1].key)
+            try:
+                items.append(self._head(key))
+            except ObjectNotFound:
+                continue  # deleted while listing
+        return ListPage(items, None)
+
+    def _walk(self, prefix: str) -> Iterator[str]:
+        # Start at the deepest directory the prefix names, to keep listings cheap.
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = self.root / base if base else self.root
+        for dirpath, dirnames, filenames in os.walk(top):
+            rel = os.path.relpath(dirpath, self.root)
+            if rel == ".":
+                dirnames[:] = [d for d in dirnames if d != LOCK_DIR]
+                rel = ""
+            for name in filenames:
+                if not name.startswith(".tmp-"):
+                    yield f"{rel}/{name}" if rel else name
+
+    # -- the protocol ----------------------------------------------------
+    async def get(self, key: str) -> Blob:
+        return await asyncio.to_thread(self._read, key)
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await asyncio.to_thread(self._head, key)
+
+    async def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        return await asyncio.to_thread(self._put, key, bytes(data), if_match, if_none_match)
+
+    async def delete(self, key: str, *, if_match: str | None = None) -> None:
+        await asyncio.to_thread(self._delete, key, if_match)
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int = 1000
+    ) -> ListPage:
+        return await asyncio.to_thread(self._list, prefix, start_after, limit)
+
+    async def close(self) -> None:
+        return None
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,186 @@
+"""``s3://bucket/prefix`` — any S3-compatible server, through aioboto3.
+
+Settings come from the usual AWS environment (credentials, region) plus an
+optional endpoint URL. One client with a connection pool sized to the expected
+concurrency serves every call. botocore's own retries are off: a retried
+conditional PUT whose first attempt landed comes back 412, so retries belong
+to okq, which resolves ambiguity by re-reading.
+
+Errors are translated on the HTTP status, not botocore's code strings (a HEAD
+412 arrives as code '412'): 412, 409 (ConditionalRequestConflict) and 404 on a
+conditional write become CASConflict; 404 elsewhere ObjectNotFound; everything
+else StorageError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from typing import Any
+from urllib.parse import urlparse
+
+import aioboto3
+from aiobotocore.config import AioConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from okq.errors import CASConflict, ObjectNotFound, StorageError
+from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _etag(value: str) -> str:
+    return value.strip('"')
+
+
+class S3Store:
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        pool_size: int = 64,
+        timeout: float = 30.0,
+    ) -> None:
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ValueError(f"expected s3://bucket[/prefix], got {url!r}")
+        self.url = url
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self._endpoint_url = endpoint_url
+        self._region = region
+        self._config = AioConfig(
+            max_pool_connections=pool_size,
+            retries={"total_max_attempts": 1},
+            connect_timeout=timeout,
+            read_timeout=timeout,
+            s3={"addressing_style": "path"},
+        )
+        self._client: Any = None
+        self._stack: AsyncExitStack | None = None
+        self._lock = asyncio.Lock()
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    stack = AsyncExitStack()
+                    session = aioboto3.Session()
+                    self._client = await stack.enter_async_context(
+                        session.client(
+                            "s3",
+                            endpoint_url=self._endpoint_url,
+                            region_name=self._region or "us-east-1",
+                            config=self._config,
+                        )
+                    )
+                    self._stack = stack
+        return self._client
+
+    def _key(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _unkey(self, full: str) -> str:
+        return full[len(self.prefix) + 1 :] if self.prefix else full
+
+    def _translate(self, exc: Exception, key: str, conditional: bool) -> StorageError:
+        if isinstance(exc, ClientError):
+            status = _status(exc)
+            if status in (412, 409) or (status == 404 and conditional):
+                return CASConflict(f"conditional write to {key!r} lost ({status})", key=key)
+            if status == 404:
+                return ObjectNotFound(f"no object {key!r}", key=key)
+            return StorageError(f"S3 {status} on {key!r}: {exc}", key=key, status=status)
+        return StorageError(f"S3 request for {key!r} failed: {exc}", key=key)
+
+    async def get(self, key: str) -> Blob:
+        s3 = await self._s3()
+        try:
+            resp = await s3.get_object(Bucket=self.bucket, Key=self._key(key))
+            async with resp["Body"] as body:
+                data = await body.read()
+        except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
+            raise self._translate(exc, key, False) from exc
+        return Blob(data, _etag(resp["ETag"]))
+
+    async def head(self, key: str) -> ObjectInfo:
+        s3 = await self._s3()
+        try:
+            resp = await s3.head_object(Bucket=self.bucket, Key=self._key(key))
+        except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
+            raise self._translate(exc, key, False) from exc
+        modified = resp["LastModified"].timestamp()
+        return ObjectInfo(key, _etag(resp["ETag"]), int(resp["ContentLength"]), modified)
+
+    async def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        s3 = await self._s3()
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data}
+        if if_match is not None:
+            kwargs["IfMatch"] = f'"{if_match}"'
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        conditional = if_match is not None or if_none_match
+        try:
+            resp = await s3.put_object(**kwargs)
+        except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
+            raise self._translate(exc, key, conditional) from exc
+        return _etag(resp["ETag"])
+
+    async def delete(self, key: str, *, if_match: str | None = None) -> None:
+        s3 = await self._s3()
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if if_match is not None:
+            # Not every server honours If-Match on DELETE; check first, then delete
+            # conditionally where the server can.
+            info = await self.head(key)
+            if info.etag != if_match:
+                raise CASConflict(f"{key!r} changed", key=key)
+            kwargs["IfMatch"] = f'"{if_match}"'
+        try:
+            await s3.delete_object(**kwargs)
+        except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
+            err = self._translate(exc, key, if_match is not None)
+            if isinstance(err, ObjectNotFound):
+                return
+            raise err from exc
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int = 1000
+    ) -> ListPage:
+        s3 = await self._s3()
+        full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Prefix": full_prefix,
+            "MaxKeys": limit,
+        }
+        if start_after is not None:
+            kwargs["StartAfter"] = self._key(start_after)
+        try:
+            resp = await s3.list_objects_v2(**kwargs)
+        except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
+            raise self._translate(exc, prefix, False) from exc
+        items = [
+            ObjectInfo(
+                self._unkey(o["Key"]),
+                _etag(o["ETag"]),
+                int(o["Size"]),
+                o["LastModified"].timestamp(),
+            )
+            for o in resp.get("Contents", [])
+        ]
+        truncated = bool(resp.get("IsTruncated")) and bool(items)
+        return ListPage(items, items[-1].key if truncated else None)
+
+    async def close(self) -> None:
+        if self._stack is not None:
+            await self._stack.aclose()
+            self._stack = None
+            self._client = None

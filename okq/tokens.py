@@ -1,0 +1,86 @@
+"""Lease tokens (receipt handles): who may renew, complete or retry a delivery.
+
+A token names one delivery: (namespace, queue, segment, index, delivery
+counter ``v``). It is signed with HMAC-SHA256 (from ``cryptography``) under the
+fleet-wide key list: the first key signs, every key verifies, so keys rotate by
+prepending a new one and later dropping the old. The namespace is inside the
+signed bytes, so a token from one namespace is refused in another.
+
+Layout: ``base64url(msgpack([kid, ns, queue, segment, index, v])) "." base64url(mac[:16])``
+where ``kid`` is the first 4 bytes of SHA-256 of the key.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+
+import msgpack
+from cryptography.hazmat.primitives import constant_time, hashes, hmac
+
+from okq.errors import InvalidToken
+
+MAC_BYTES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    namespace: str
+    queue: str
+    segment: str
+    index: int
+    v: int
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def key_id(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()[:4]
+
+
+class TokenSigner:
+    def __init__(self, keys: list[bytes]) -> None:
+        if not keys:
+            raise ValueError("at least one signing key is needed")
+        for key in keys:
+            if len(key) < 16:
+                raise ValueError("signing keys must be at least 16 bytes")
+        self.keys = list(keys)
+        self._by_id = {key_id(k): k for k in reversed(self.keys)}
+
+    def _mac(self, key: bytes, body: bytes) -> bytes:
+        h = hmac.HMAC(key, hashes.SHA256())
+        h.update(body)
+        return h.finalize()[:MAC_BYTES]
+
+    def sign(self, d: Delivery) -> str:
+        key = self.keys[0]
+        body = msgpack.packb([key_id(key), d.namespace, d.queue, d.segment, d.index, d.v])
+        return f"{_b64(body)}.{_b64(self._mac(key, body))}"
+
+    def verify(self, token: str, namespace: str, field: str = "token") -> Delivery:
+        """Return the delivery a token names, or raise InvalidToken."""
+        try:
+            body_text, mac_text = token.split(".")
+            body, mac = _unb64(body_text), _unb64(mac_text)
+            kid, ns, queue, segment, index, v = msgpack.unpackb(body)
+        except Exception as exc:
+            raise InvalidToken(f"{field} is not an okq lease token", field=field) from exc
+        key = self._by_id.get(kid) if isinstance(kid, bytes) else None
+        if key is None:
+            raise InvalidToken(f"{field} was signed with an unknown key", field=field)
+        if not constant_time.bytes_eq(self._mac(key, body), mac):
+            raise InvalidToken(f"{field} has a bad signature", field=field)
+        if ns != namespace:
+            raise InvalidToken(f"{field} belongs to another namespace", field=field)
+        if not (isinstance(queue, str) and isinstance(segment, str) and isinstance(index, int)
+                and isinstance(v, int)):
+            raise InvalidToken(f"{field} is malformed", field=field)
+        return Delivery(ns, queue, segment, index, v)

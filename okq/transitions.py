@@ -1,0 +1,148 @@
+"""Pure lease transitions: functions of (lease object, now, request).
+
+They mutate the ``LeaseObject`` they are given (the caller hands each attempt a
+freshly decoded copy) and raise :class:`~okq.errors.LeaseLost` when the request
+names a delivery that is no longer current. No I/O and no clock reads here.
+
+An item's lifecycle inside its segment::
+
+    fresh ──lease──▶ L(v+1) ──complete──▶ D
+      ▲               │  ├──retry──────▶ W(ready=retry_at) ──lease──▶ L(v+2) ...
+      │               │  ├──expiry (t passes) ≡ W(ready=deadline)
+      │               │  └──retry dead / max attempts──▶ X ──moved to DLQ──▶ Z
+      └ scheduled items are fresh but not ready before enqueue_at
+
+A delivery is current while the item is L with the token's ``v``; an expired
+lease that nobody has re-leased is still current (no other delivery exists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from okq.errors import LeaseLost
+from okq.model import (
+    DEAD,
+    DEAD_PENDING,
+    DONE,
+    LEASED,
+    WAITING,
+    ItemState,
+    LeaseObject,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    index: int
+    v: int
+    attempts: int
+    deadline_ms: int
+
+
+def ready_at(st: ItemState | None, fresh_ready_ms: int) -> int | None:
+    """When the item can next be leased, or None if it never can (finished or moving)."""
+    if st is None:
+        return fresh_ready_ms
+    if st.s in (LEASED, WAITING):
+        return st.t
+    return None
+
+
+def is_available(st: ItemState | None, fresh_ready_ms: int, now: int) -> bool:
+    r = ready_at(st, fresh_ready_ms)
+    return r is not None and r <= now
+
+
+def lease(
+    obj: LeaseObject,
+    wanted: list[tuple[int, int]],
+    now: int,
+    lease_ms: int,
+    max_attempts: int,
+) -> tuple[list[Leased], list[int]]:
+    """Lease each (index, fresh_ready_ms) still available at ``now``.
+
+    Items that already had ``max_attempts`` deliveries are not leased but move to
+    DEAD_PENDING; their indexes are returned second.
+    """
+    leased: list[Leased] = []
+    dead: list[int] = []
+    for index, fresh_ready in wanted:
+        st = obj.items.get(index)
+        if not is_available(st, fresh_ready, now):
+            continue
+        v = st.v if st else 0
+        attempts = st.attempts if st else 0
+        if max_attempts and attempts >= max_attempts:
+            err = st.err if st else None
+            obj.items[index] = ItemState(DEAD_PENDING, v + 1, attempts, now, err)
+            dead.append(index)
+            continue
+        obj.items[index] = ItemState(LEASED, v + 1, attempts + 1, now + lease_ms, None)
+        leased.append(Leased(index, v + 1, attempts + 1, now + lease_ms))
+    return leased, dead
+
+
+def current(obj: LeaseObject, index: int, v: int) -> ItemState:
+    """The item's state if delivery ``v`` is its current lease; else LeaseLost."""
+    st = obj.items.get(index)
+    if st is None or st.s != LEASED or st.v != v:
+        state = "never leased" if st is None else _describe(st, v)
+        raise LeaseLost(f"the lease is no longer held: the item is {state}", state=state)
+    return st
+
+
+def _describe(st: ItemState, v: int) -> str:
+    if st.s == LEASED:
+        return "leased again by another delivery"
+    if st.v != v:
+        return "released and leased again since"
+    return {
+        WAITING: "waiting for a retry",
+        DONE: "already completed",
+        DEAD_PENDING: "being dead-lettered",
+        DEAD: "dead-lettered",
+    }.get(st.s, st.s)
+
+
+def renew(obj: LeaseObject, index: int, v: int, now: int, lease_ms: int) -> int:
+    st = current(obj, index, v)
+    st.t = now + lease_ms
+    return st.t
+
+
+def complete(obj: LeaseObject, index: int, v: int) -> None:
+    st = current(obj, index, v)
+    obj.items[index] = ItemState(DONE, v, st.attempts, st.t, None)
+
+
+def retry(
+    obj: LeaseObject,
+    index: int,
+    v: int,
+    now: int,
+    retry_at_ms: int | None,
+    dead: bool,
+    error: str | None,
+    max_attempts: int,
+) -> bool:
+    """Release the delivery. Returns True when the item must go to the dead-letter queue."""
+    st = current(obj, index, v)
+    if dead or (max_attempts and st.attempts >= max_attempts):
+        obj.items[index] = ItemState(DEAD_PENDING, v, st.attempts, now, error)
+        return True
+    ready = max(now, retry_at_ms or now)
+    obj.items[index] = ItemState(WAITING, v, st.attempts, ready, error)
+    return False
+
+
+def finish_dead(obj: LeaseObject, index: int, v: int) -> None:
+    """DEAD_PENDING(v) -> DEAD once the item is in the dead-letter queue."""
+    st = obj.items.get(index)
+    if st is not None and st.s == DEAD_PENDING and st.v == v:
+        st.s = DEAD
+
+
+def is_finished(st: ItemState | None) -> bool:
+    return st is not None and st.s in (DONE, DEAD)
