@@ -429,7 +429,8 @@ class Engine:
         if cached is not None and cached[0] is cell.data and not stale:
             return cached[1]
         obj = cell.cached() or LeaseObject(sm.id)
-        seg = await self._segment(q, sm)
+        # Only fresh items need the segment (for their enqueue time).
+        seg = await self._segment(q, sm) if len(obj.items) < sm.count else None
         summary = _summarise(sm, seg, obj)
         q.summaries[sm.id] = (cell.data, summary)
         return summary
@@ -611,7 +612,7 @@ def _completion(d: Delivery) -> Callable[[LeaseObject, int], None]:
     return lambda obj, now: tr.complete(obj, d.index, d.v)
 
 
-def _summarise(sm: SegmentMeta, seg: Segment, obj: LeaseObject) -> _Summary:
+def _summarise(sm: SegmentMeta, seg: Segment | None, obj: LeaseObject) -> _Summary:
     ready: list[tuple[int, int]] = []
     stalled: list[tuple[int, int]] = []
     inflight = False
@@ -621,7 +622,7 @@ def _summarise(sm: SegmentMeta, seg: Segment, obj: LeaseObject) -> _Summary:
             inflight = True
             if st.s == DEAD_PENDING:
                 stalled.append((st.t, idx))
-        at = seg.items[idx].enqueue_at_ms
+        at = seg.items[idx].enqueue_at_ms if seg is not None and st is None else None
         r = tr.ready_at(st, max(sm.created_ms, at or 0))
         if r is not None:
             ready.append((r, idx))

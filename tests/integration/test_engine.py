@@ -1,0 +1,300 @@
+"""The queue engine's behaviour, on every store.
+
+Functional tests: each runs on memory, file, SeaweedFS and moto (moto is fine
+here: these tests have no concurrent writers to one key across processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from okq import Engine, ManualClock, NewItem, QueueConfig
+from okq.errors import (
+    InvalidRequest,
+    InvalidToken,
+    LeaseLost,
+    QueueExists,
+    QueueNotFound,
+    TooLarge,
+)
+from okq.store import CountingStore, Store
+from okq.clock import SystemClock
+from tests.engines import make_engine
+from tests.stores import ALL_STORES, S3_STORES, StoreFactory
+
+pytestmark = pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=[pytest.mark.s3] if k in S3_STORES else []) for k in ALL_STORES]
+)
+
+
+@pytest.fixture
+async def store(kind: str, store_factory: StoreFactory) -> Store:
+    return await store_factory(kind)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+async def engine(store: Store, clock: ManualClock) -> Engine:
+    e = make_engine(store, clock)
+    await e.start()
+    await e.create_queue("dlq")
+    await e.create_queue("q", QueueConfig(lease_timeout=10, max_attempts=3, dead_queue="dlq"))
+    return e
+
+
+async def test_produce_lease_complete(engine: Engine) -> None:
+    ids = await engine.produce("q", [b"one", b"two", b"three"])
+    assert len(set(ids)) == 3
+    got = await engine.lease("q", 2)
+    assert [i.payload for i in got] == [b"one", b"two"]
+    assert [i.id for i in got] == ids[:2]
+    assert all(i.attempts == 1 for i in got)
+    await engine.complete([i.token for i in got])
+    rest = await engine.lease("q", 10)
+    assert [i.payload for i in rest] == [b"three"]
+    s = await engine.stats("q")
+    assert (s.available, s.in_flight, s.completed) == (0, 1, 2)
+
+
+async def test_group_commit_one_segment_one_cas(store: Store, clock: ManualClock) -> None:
+    counting = CountingStore(store)
+    e = make_engine(counting, clock, linger=0.05)
+    await e.create_queue("q")
+    counting.reset()
+    results = await asyncio.gather(*(e.produce("q", [f"m{n}".encode()]) for n in range(20)))
+    assert len({r[0] for r in results}) == 20
+    assert counting.requests["put"] == 2, counting.requests  # one segment, one manifest CAS
+    info = await e.get_queue("q")
+    assert (info.segments, info.produced) == (1, 20)
+
+
+async def test_idempotency_key_does_not_duplicate(engine: Engine) -> None:
+    first = await engine.produce("q", [NewItem(b"x", key="order-1"), NewItem(b"y", key="order-2")])
+    again = await engine.produce("q", [NewItem(b"x", key="order-1"), NewItem(b"z")])
+    twins = await engine.produce("q", [NewItem(b"w", key="k"), NewItem(b"w", key="k")])
+    assert again[0] == first[0]
+    assert twins[0] == twins[1]
+    got = await engine.lease("q", 10)
+    assert sorted(i.payload for i in got) == [b"w", b"x", b"y", b"z"]
+
+
+async def test_idempotency_window_expires(engine: Engine, clock: ManualClock) -> None:
+    first = await engine.produce("q", [NewItem(b"x", key="k")])
+    clock.advance(engine.opts.idem_window + 1)
+    again = await engine.produce("q", [NewItem(b"x", key="k")])
+    assert again != first
+
+
+async def test_retried_items_go_to_the_back(engine: Engine, clock: ManualClock) -> None:
+    await engine.produce("q", [b"a"])
+    clock.advance(1)
+    await engine.produce("q", [b"b", b"c"])
+    clock.advance(1)
+    (a,) = await engine.lease("q", 1)
+    assert a.payload == b"a"
+    await engine.retry(a.token, error="boom")
+    clock.advance(1)
+    await engine.produce("q", [b"d"])  # produced after the retry: after a
+    got = await engine.lease("q", 10)
+    assert [i.payload for i in got] == [b"b", b"c", b"a", b"d"]
+    assert got[2].attempts == 2
+
+
+async def test_expired_lease_goes_to_the_back(engine: Engine, clock: ManualClock) -> None:
+    await engine.produce("q", [b"a"])
+    clock.advance(1)
+    (a,) = await engine.lease("q", 1)
+    await engine.produce("q", [b"b"])
+    clock.advance(11)  # a's lease expired after b was produced
+    got = await engine.lease("q", 10)
+    assert [i.payload for i in got] == [b"b", b"a"]
+
+
+async def test_retry_at_and_scheduled_delivery(engine: Engine, clock: ManualClock) -> None:
+    now = clock.now_ms()
+    await engine.produce("q", [NewItem(b"later", enqueue_at_ms=now + 5000), NewItem(b"now")])
+    got = await engine.lease("q", 10)
+    assert [i.payload for i in got] == [b"now"]
+    await engine.retry(got[0].token, retry_at_ms=now + 8000)
+    s = await engine.stats("q")
+    assert (s.scheduled, s.waiting_retry, s.available) == (1, 1, 0)
+    clock.advance(5)
+    assert [i.payload for i in await engine.lease("q", 10)] == [b"later"]
+    clock.advance(3)
+    again = await engine.lease("q", 10)
+    assert [(i.payload, i.attempts) for i in again] == [(b"now", 2)]
+
+
+async def test_renew_extends_lease(engine: Engine, clock: ManualClock) -> None:
+    await engine.produce("q", [b"a"])
+    (a,) = await engine.lease("q", 1)
+    clock.advance(8)
+    deadline = await engine.renew(a.token)
+    assert deadline == clock.now_ms() + 10_000
+    clock.advance(8)  # past the first deadline, inside the renewed one
+    assert await engine.lease("q", 1) == []
+    await engine.complete([a.token])
+
+
+async def test_dead_flag_moves_item_to_dead_letter_queue(engine: Engine) -> None:
+    ids = await engine.produce("q", [b"poison"])
+    (a,) = await engine.lease("q", 1)
+    await engine.retry(a.token, dead=True, error="cannot parse")
+    assert await engine.lease("q", 1) == []
+    (d,) = await engine.lease("dlq", 1)
+    assert d.payload == b"poison"
+    assert d.meta == {"source_queue": "q", "source_id": ids[0], "attempts": 1,
+                      "error": "cannot parse"}
+    s = await engine.stats("q")
+    assert (s.dead, s.dead_lettered) == (1, 1)  # the DLQ holds it (leased now)
+
+
+async def test_max_attempts_dead_letters(engine: Engine, clock: ManualClock) -> None:
+    await engine.produce("q", [b"flaky"])
+    for attempt in (1, 2, 3):
+        (a,) = await engine.lease("q", 1)
+        assert a.attempts == attempt
+        if attempt < 3:
+            clock.advance(11)  # let the lease expire
+    await engine.retry(a.token, error="third failure")  # attempts exhausted
+    assert await engine.lease("q", 1) == []
+    (d,) = await engine.lease("dlq", 1)
+    assert d.meta is not None and d.meta["attempts"] == 3
+    assert d.meta["error"] == "third failure"
+
+
+async def test_stale_and_foreign_tokens(engine: Engine, store: Store, clock: ManualClock) -> None:
+    await engine.produce("q", [b"a"])
+    (a,) = await engine.lease("q", 1)
+    clock.advance(11)
+    (b,) = await engine.lease("q", 1)
+    with pytest.raises(LeaseLost):
+        await engine.complete([a.token])
+    with pytest.raises(LeaseLost):
+        await engine.renew(a.token)
+    with pytest.raises(LeaseLost):
+        await engine.retry(a.token)
+    with pytest.raises(InvalidToken):
+        await engine.complete([b.token[:-3] + "AAA"])
+    other_ns = make_engine(store, clock, namespace="other")
+    with pytest.raises(InvalidToken, match="namespace"):
+        await other_ns.complete([b.token])
+    other_key = make_engine(store, clock, keys=[b"another-key-of-32-bytes-long-xxxx"])
+    with pytest.raises(InvalidToken, match="unknown key"):
+        await other_key.complete([b.token])
+    await engine.complete([b.token])
+
+
+async def test_key_rotation(engine: Engine, store: Store, clock: ManualClock) -> None:
+    await engine.produce("q", [b"a"])
+    (a,) = await engine.lease("q", 1)
+    new_key = b"the-next-key-0123456789abcdefghij"
+    rotated = make_engine(store, clock, keys=[new_key, engine.signer.keys[0]])
+    await rotated.complete([a.token])  # signed by the old key, verified by the new list
+
+
+async def test_queue_lifecycle(engine: Engine) -> None:
+    assert sorted(await engine.list_queues()) == ["dlq", "q"]
+    with pytest.raises(QueueExists):
+        await engine.create_queue("q")
+    info = await engine.update_queue("q", lease_timeout=42)
+    assert info.config.lease_timeout == 42
+    assert info.config.max_attempts == 3  # omitted fields are kept
+    with pytest.raises(InvalidRequest) as err:
+        await engine.update_queue("q", lease_timeout=-1)
+    assert err.value.field == "lease_timeout"
+    with pytest.raises(InvalidRequest) as err:
+        await engine.update_queue("q", dead_queue="q")
+    assert err.value.field == "dead_queue"
+    with pytest.raises(InvalidRequest) as err:
+        await engine.create_queue("bad name!")
+    assert err.value.field == "queue"
+    await engine.delete_queue("q")
+    with pytest.raises(QueueNotFound):
+        await engine.get_queue("q")
+    with pytest.raises(QueueNotFound):
+        await engine.produce("q", [b"x"])
+    with pytest.raises(QueueNotFound):
+        await engine.lease("q", 1)
+    assert await engine.list_queues() == ["dlq"]
+
+
+async def test_input_limits(engine: Engine) -> None:
+    with pytest.raises(TooLarge):
+        await engine.produce("q", [b"x" * (engine.opts.max_item_bytes + 1)])
+    with pytest.raises(InvalidRequest) as err:
+        await engine.produce("q", [])
+    assert err.value.field == "items"
+    with pytest.raises(InvalidRequest) as err:
+        await engine.lease("q", 0)
+    assert err.value.field == "batch_size"
+    with pytest.raises(InvalidRequest) as err:
+        await engine.lease("q", 1, wait=-1)
+    assert err.value.field == "request_timeout"
+    s = await engine.stats("q")
+    assert (s.available, s.segments) == (0, 0)
+
+
+async def test_namespaces_are_isolated(store: Store, clock: ManualClock) -> None:
+    a = make_engine(store, clock, namespace="team-a")
+    b = make_engine(store, clock, namespace="team-b")
+    await a.create_queue("q")
+    await b.create_queue("q")
+    await a.produce("q", [b"for a"])
+    assert await b.lease("q", 10) == []
+    assert [i.payload for i in await a.lease("q", 10)] == [b"for a"]
+
+
+async def test_long_poll_answers_when_items_arrive(store: Store) -> None:
+    e = make_engine(store, SystemClock())
+    await e.create_queue("q")
+    began = time.monotonic()
+    waiter = asyncio.create_task(e.lease("q", 5, wait=10))
+    await asyncio.sleep(0.3)
+    await e.produce("q", [b"hello"])
+    got = await waiter
+    took = time.monotonic() - began
+    assert [i.payload for i in got] == [b"hello"]
+    assert took < 5, f"long poll took {took:.1f}s to see a produce"
+    began = time.monotonic()
+    assert await e.lease("q", 5, wait=0.5) == []
+    assert time.monotonic() - began >= 0.45
+
+
+async def test_lease_cost_does_not_grow_with_backlog(store: Store, clock: ManualClock) -> None:
+    counting = CountingStore(store)
+    e = make_engine(counting, clock)
+    await e.create_queue("small")
+    await e.create_queue("big")
+    await e.produce("small", [f"s{k}".encode() for k in range(10)])
+    for n in range(30):  # 30 segments of backlog
+        await e.produce("big", [f"{n}-{k}".encode() for k in range(10)])
+        clock.advance(0.01)
+    cold = {}
+    for queue in ("small", "big"):
+        fresh = make_engine(counting, clock)  # a cold engine: nothing cached
+        counting.reset()
+        assert len(await fresh.lease(queue, 10)) == 10
+        cold[queue] = counting.total
+    # manifest GET + lease object GET (absent) + segment GET + lease object PUT
+    assert cold == {"small": 4, "big": 4}, cold
+    warm = make_engine(counting, clock)
+    costs = []
+    for _ in range(25):  # walk through the backlog, leaving completed segments behind
+        clock.advance(1)  # older than manifest_max_age: the manifest is re-read
+        counting.reset()
+        got = await warm.lease("big", 10)
+        costs.append(counting.total)
+        assert len(got) == 10
+        await warm.complete([i.token for i in got])
+    # the same plus, at most, one re-read of the head segment whose leases the cold
+    # engine holds (lease objects with leases are re-read after lease_state_max_age)
+    assert max(costs) <= 5, costs
+    assert max(costs[-10:]) <= max(costs[:10]), costs
