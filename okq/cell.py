@@ -126,8 +126,10 @@ class Cell(Generic[T]):
             if obj is None:
                 raise ObjectNotFound(f"no object {self.key!r}", key=self.key)
             results = self._apply(obj, batch)
-            if all(isinstance(r, BaseException) for r in results):
-                self._resolve(batch, results)
+            if all(isinstance(r, BaseException) for r in results) or (
+                self.data is not None and self.encode(obj) == self.data
+            ):
+                self._resolve(batch, results)  # nothing to write
                 return
             if await self._put(obj):
                 self._resolve(batch, results)

@@ -25,6 +25,7 @@ from okq.clock import Clock, SystemClock
 from okq.errors import (
     CASConflict,
     InvalidRequest,
+    InvalidToken,
     LeaseLost,
     ObjectNotFound,
     OkqError,
@@ -38,6 +39,7 @@ from okq.keys import (
     lease_key,
     manifest_key,
     manifests_prefix,
+    parse_item_id,
     segment_key,
 )
 from okq.model import (
@@ -95,6 +97,18 @@ class LeasedItem:
     produced_ms: int
     enqueue_at_ms: int | None = None
     meta: dict[str, Any] | None = None
+
+
+@dataclass
+class BrowsedItem:
+    id: str
+    state: str  # available, scheduled, leased, waiting
+    attempts: int
+    produced_ms: int
+    ready_ms: int | None
+    payload: bytes
+    meta: dict[str, Any] | None
+    error: str | None
 
 
 @dataclass
@@ -159,12 +173,20 @@ class Engine:
         self._segments: OrderedDict[str, Segment] = OrderedDict()
         self._segment_bytes = 0
         self._sizes: dict[str, int] = {}
+        self._stopping = False
+        self.cas_conflicts = 0  # lost CAS races, for metrics
 
     # -- life cycle --------------------------------------------------------
     async def start(self, *, self_check: bool = True) -> Engine:
         if self_check:
             await check_conditional_writes(self.store)
         return self
+
+    def stop_waiting(self) -> None:
+        """Make long polls return now (with what they have): the node is stopping."""
+        self._stopping = True
+        for q in self._queues.values():
+            q.wake.set()
 
     async def close(self) -> None:
         """Flush pending produce batches and writes; the store stays open."""
@@ -187,7 +209,8 @@ class Engine:
             return q
         check_name(name, field_name)
         cell: Cell[Manifest] = Cell(
-            self.store, manifest_key(self.ns, name), self.clock, encode_manifest, decode_manifest
+            self.store, manifest_key(self.ns, name), self.clock, encode_manifest, decode_manifest,
+            on_conflict=self._conflict,
         )
         o = self.opts
         pub = Publisher(
@@ -205,6 +228,9 @@ class Engine:
         q = self._queues[name] = _Queue(name, cell, pub)
         return q
 
+    def _conflict(self) -> None:
+        self.cas_conflicts += 1
+
     def _lease_cell(self, q: _Queue, segment: str) -> Cell[LeaseObject]:
         cell = q.leases.get(segment)
         if cell is None:
@@ -215,6 +241,7 @@ class Engine:
                 encode_lease,
                 decode_lease,
                 initial=lambda: LeaseObject(segment),
+                on_conflict=self._conflict,
             )
         return cell
 
@@ -344,7 +371,7 @@ class Engine:
             q.wake.clear()
             items, next_ready = await self._lease_once(q, batch, lease_timeout)
             left = give_up - loop.time()
-            if items or left <= 0:
+            if items or left <= 0 or self._stopping:
                 return items
             pause = min(left, self.opts.poll_interval)
             if next_ready is not None:
@@ -498,15 +525,33 @@ class Engine:
         await cell.update(lambda o, now: tr.finish_dead(o, idx, v))
 
     # -- token operations ------------------------------------------------------
-    def _delivery(self, token: str, field_name: str = "token") -> tuple[Delivery, _Queue]:
+    def _delivery(
+        self, token: str, field_name: str = "token", queue: str | None = None
+    ) -> tuple[Delivery, _Queue]:
         if not isinstance(token, str):
             raise InvalidRequest(f"{field_name} must be a string", field=field_name)
         d = self.signer.verify(token, self.ns, field_name)
+        if queue is not None and d.queue != queue:
+            raise InvalidToken(
+                f"{field_name} belongs to queue {d.queue!r}, not {queue!r}", field=field_name
+            )
         return d, self._q(d.queue)
 
-    async def renew(self, token: str, lease_timeout: float | None = None) -> int:
+    def pending_produce(self, queue: str) -> int:
+        """Items waiting in this engine to be published to ``queue``."""
+        q = self._queues.get(queue)
+        return q.publisher.pending_items() if q is not None else 0
+
+    def check_tokens(self, tokens: Sequence[str], queue: str, field_pattern: str) -> None:
+        """Verify every token before acting on any (``field_pattern`` has ``{n}``)."""
+        for n, token in enumerate(tokens):
+            self._delivery(token, field_pattern.format(n=n), queue)
+
+    async def renew(
+        self, token: str, lease_timeout: float | None = None, *, queue: str | None = None
+    ) -> int:
         """Extend a lease from now; returns the new deadline (ms)."""
-        d, q = self._delivery(token)
+        d, q = self._delivery(token, queue=queue)
         if lease_timeout is not None and not 0.1 <= lease_timeout <= 43_200:
             raise InvalidRequest("lease_timeout must be 0.1 to 43200 seconds",
                                  field="lease_timeout")
@@ -521,11 +566,11 @@ class Engine:
         )
         return deadline
 
-    async def complete(self, tokens: Sequence[str]) -> None:
+    async def complete(self, tokens: Sequence[str], *, queue: str | None = None) -> None:
         """Complete deliveries. Each token is applied on its own; if any lease was
         lost, LeaseLost is raised after the others landed, naming the failures."""
         self._check_batch(len(tokens), "tokens")
-        parsed = [self._delivery(t, f"tokens[{n}]") for n, t in enumerate(tokens)]
+        parsed = [self._delivery(t, f"tokens[{n}]", queue) for n, t in enumerate(tokens)]
         calls = [self._lease_cell(q, d.segment).update(_completion(d)) for d, q in parsed]
         results = await asyncio.gather(*calls, return_exceptions=True)
         failed: list[dict[str, Any]] = []
@@ -547,10 +592,12 @@ class Engine:
         retry_at_ms: int | None = None,
         dead: bool = False,
         error: str | None = None,
+        queue: str | None = None,
+        field_name: str = "token",
     ) -> None:
         """Release a delivery: ready again at ``retry_at`` (now by default), at the
         back of the line; or dead-lettered when ``dead`` or out of attempts."""
-        d, q = self._delivery(token)
+        d, q = self._delivery(token, field_name, queue)
         m = await self._manifest(q, self.opts.config_max_age)
         cfg = m.config
         err = error[:4096] if error else None
@@ -567,6 +614,74 @@ class Engine:
             if sm is not None:
                 await self._help_dead(q, cfg, sm, d.index)
         q.wake.set()
+
+    # -- purge, browse, redrive ---------------------------------------------------
+    async def purge(self, queue: str) -> None:
+        """Drop every item: the manifest stops referencing the queue's segments, so
+        nothing in them is leased again (the compactor deletes them). A late
+        completion or renewal of an item leased before the purge still lands on its
+        lease object and changes nothing visible."""
+        q = self._q(queue)
+        await self._manifest(q, 0)
+
+        def purge(m: Manifest, now: int) -> None:
+            m.segments = []
+
+        await q.manifest.update(purge)
+        q.summaries.clear()
+
+    async def browse(
+        self, queue: str, *, start_after: str | None = None, limit: int = 100
+    ) -> tuple[list[BrowsedItem], str | None]:
+        """Live items in delivery-log order, without leasing them."""
+        q = self._q(queue)
+        m = await self._manifest(q, 0)
+        after = parse_item_id(start_after, "start_after") if start_after else None
+        now = self.clock.now_ms()
+        out: list[BrowsedItem] = []
+        for sm in m.segments:
+            if after is not None and sm.id < after[0]:
+                continue
+            cell = self._lease_cell(q, sm.id)
+            await cell.refresh()
+            obj = cell.cached() or LeaseObject(sm.id)
+            seg = await self._segment(q, sm)
+            first = after[1] + 1 if after is not None and sm.id == after[0] else 0
+            for idx in range(first, sm.count):
+                item = _browsed(sm, seg, obj, idx, now)
+                if item is None:
+                    continue
+                if len(out) == limit:
+                    return out, out[-1].id
+                out.append(item)
+        return out, None
+
+    async def redrive(self, dead_queue: str, limit: int = 1000) -> int:
+        """Move dead-lettered items back to the queue they came from."""
+        moved = 0
+        while moved < limit:
+            items = await self.lease(dead_queue, min(limit - moved, self.opts.max_batch),
+                                     lease_timeout=300)
+            if not items:
+                break
+            back = [i for i in items if i.meta and isinstance(i.meta.get("source_queue"), str)]
+            for i in items:
+                if i not in back:  # not a dead letter: leave it where it is
+                    await self.retry(i.token, retry_at_ms=self.clock.now_ms() + 3_600_000)
+            by_source: dict[str, list[LeasedItem]] = {}
+            for i in back:
+                by_source.setdefault(str(i.meta["source_queue"]), []).append(i)  # type: ignore[index]
+            for source, group in by_source.items():
+                await self.produce(
+                    source,
+                    [NewItem(i.payload, None, f"redrive:{i.id}:{i.attempts}",
+                             {"redriven_from": dead_queue, "dead_id": i.id}) for i in group],
+                )
+                await self.complete([i.token for i in group])
+                moved += len(group)
+            if len(back) < len(items):
+                break
+        return moved
 
     # -- stats -----------------------------------------------------------------
     async def stats(self, queue: str) -> QueueStats:
@@ -606,6 +721,32 @@ class Engine:
             except QueueNotFound:
                 s.dead = 0
         return s
+
+
+def _browsed(
+    sm: SegmentMeta, seg: Segment, obj: LeaseObject, idx: int, now: int
+) -> BrowsedItem | None:
+    st = obj.items.get(idx)
+    item = seg.items[idx]
+    ready = tr.ready_at(st, max(sm.created_ms, item.enqueue_at_ms or 0))
+    if st is not None and st.s == LEASED and st.t > now:
+        state = "leased"
+    elif ready is not None and ready <= now:
+        state = "available"
+    elif ready is not None:
+        state = "scheduled" if st is None else "waiting"
+    else:
+        return None  # completed or dead-lettered: gone
+    return BrowsedItem(
+        item_id(sm.id, idx),
+        state,
+        st.attempts if st else 0,
+        sm.created_ms,
+        st.t if st is not None and st.s == LEASED else ready,
+        item.payload,
+        item.meta,
+        st.err if st else None,
+    )
 
 
 def _completion(d: Delivery) -> Callable[[LeaseObject, int], None]:

@@ -81,6 +81,9 @@ class Publisher:
         self._task: asyncio.Task[None] | None = None
         self.segments_written = 0
 
+    def pending_items(self) -> int:
+        return sum(len(r.items) for r in self._pending)
+
     async def produce(self, items: list[NewItem]) -> list[str]:
         fut: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(items, fut))

@@ -14,6 +14,8 @@ An item's lifecycle inside its segment::
 
 A delivery is current while the item is L with the token's ``v``; an expired
 lease that nobody has re-leased is still current (no other delivery exists).
+Completing a delivery that this same delivery already completed succeeds again
+without a change, so a client may safely retry a completion.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ def renew(obj: LeaseObject, index: int, v: int, now: int, lease_ms: int) -> int:
 
 
 def complete(obj: LeaseObject, index: int, v: int) -> None:
+    """L(v) -> D. Completing the same delivery again is a no-op (a retried request)."""
+    done = obj.items.get(index)
+    if done is not None and done.s == DONE and done.v == v:
+        return
     st = current(obj, index, v)
     obj.items[index] = ItemState(DONE, v, st.attempts, st.t, None)
 

@@ -26,6 +26,10 @@ from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
 from okq.store.memory import etag_of
 
 LOCK_DIR = ".locks"
+#: What reading a key's path raises when no object has that key: nothing there,
+#: a parent that is an object ("a" when reading "a/b"), or a directory that only
+#: holds deeper keys ("a" when "a/b" exists).
+_ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
 
 
 class FileStore:
@@ -52,7 +56,7 @@ class FileStore:
     def _read(self, key: str) -> Blob:
         try:
             data = self._path(key).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
+        except _ABSENT:
             raise ObjectNotFound(f"no object {key!r}", key=key) from None
         except OSError as exc:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
@@ -60,14 +64,21 @@ class FileStore:
 
     def _head(self, key: str) -> ObjectInfo:
         blob = self._read(key)
-        mtime = self._path(key).stat().st_mtime
+        try:
+            mtime = self._path(key).stat().st_mtime
+        except _ABSENT:  # deleted since the read
+            raise ObjectNotFound(f"no object {key!r}", key=key) from None
+        except OSError as exc:
+            raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
         return ObjectInfo(key, blob.etag, len(blob.data), mtime)
 
     def _current_etag(self, path: Path) -> str | None:
         try:
             return etag_of(path.read_bytes())
-        except FileNotFoundError:
+        except _ABSENT:
             return None
+        except OSError as exc:
+            raise StorageError(f"reading {path.name!r}: {exc}") from exc
 
     def _put(self, key: str, data: bytes, if_match: str | None, if_none_match: bool) -> str:
         path = self._path(key)
@@ -90,9 +101,11 @@ class FileStore:
                 raise CASConflict(f"{key!r} changed", key=key)
             try:
                 path.unlink()
-            except FileNotFoundError:
+                _fsync_dir(path.parent)
+            except _ABSENT:
                 return
-            _fsync_dir(path.parent)
+            except OSError as exc:
+                raise StorageError(f"deleting {key!r}: {exc}", key=key) from exc
 
     def _list(self, prefix: str, start_after: str | None, limit: int) -> ListPage:
         keys = sorted(k for k in self._walk(prefix) if k.startswith(prefix))

@@ -91,6 +91,10 @@ class S3Store:
     def _translate(self, exc: Exception, key: str, conditional: bool) -> StorageError:
         if isinstance(exc, ClientError):
             status = _status(exc)
+            if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
+                # A missing bucket is a misconfiguration, not a lost condition or
+                # a missing object (S3 and moto answer 404 for it).
+                return StorageError(f"no bucket {self.bucket!r}: {exc}", key=key, status=status)
             if status in (412, 409) or (status == 404 and conditional):
                 return CASConflict(f"conditional write to {key!r} lost ({status})", key=key)
             if status == 404:
@@ -138,8 +142,11 @@ class S3Store:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
         if if_match is not None:
             # Not every server honours If-Match on DELETE; check first, then delete
-            # conditionally where the server can.
-            info = await self.head(key)
+            # conditionally where the server can. A missing key is a lost condition.
+            try:
+                info = await self.head(key)
+            except ObjectNotFound:
+                raise CASConflict(f"{key!r} is gone", key=key) from None
             if info.etag != if_match:
                 raise CASConflict(f"{key!r} changed", key=key)
             kwargs["IfMatch"] = f'"{if_match}"'
@@ -162,7 +169,8 @@ class S3Store:
             "MaxKeys": limit,
         }
         if start_after is not None:
-            kwargs["StartAfter"] = self._key(start_after)
+            # A position, not necessarily a valid key (it may be the prefix itself).
+            kwargs["StartAfter"] = f"{self.prefix}/{start_after}" if self.prefix else start_after
         try:
             resp = await s3.list_objects_v2(**kwargs)
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:

@@ -1,0 +1,345 @@
+"""The Python client for an okq node: async ``Client``, a thin ``SyncClient``,
+and a ``Worker`` that runs a handler over leased items.
+
+Errors come back as okq's own exception classes (``okq.errors``), chosen by the
+``code`` of the error body, so ``except LeaseLost`` works the same in library
+mode and over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import aiohttp
+import msgpack
+from pydantic import BaseModel
+
+from okq.errors import BY_CODE, LeaseLost, OkqError, Overloaded, StorageError
+from okq.server import schemas as s
+
+log = logging.getLogger("okq.client")
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+Item = bytes | str | s.ProduceItem
+
+
+def _item(value: Item) -> dict[str, Any]:
+    if isinstance(value, s.ProduceItem):
+        return value.model_dump(exclude_none=True)
+    if isinstance(value, str):
+        return {"utf8": value}
+    return {"bytes": value}
+
+
+class Client:
+    """``async with Client("http://127.0.0.1:7878") as c: await c.produce("q", ["hi"])``"""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:7878",
+        *,
+        timeout: float = 60.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self._session = session
+        self._own = session is None
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._own and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=100),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            )
+        return self._session
+
+    async def call(self, path: str, body: dict[str, Any], model: type[M],
+                   *, wait: float = 0.0) -> M:
+        """POST a msgpack body to ``/v1/{path}``; parse the reply as ``model``."""
+        data = msgpack.packb(body, use_bin_type=True, datetime=True)
+        headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+        timeout = aiohttp.ClientTimeout(total=self.timeout + wait)
+        try:
+            async with self._http().post(f"{self.url}/v1/{path}", data=data, headers=headers,
+                                         timeout=timeout) as resp:
+                raw = await resp.read()
+                status = resp.status
+                retry_after = resp.headers.get("Retry-After")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise StorageError(f"cannot reach okq at {self.url}: {exc}") from exc
+        try:
+            decoded = msgpack.unpackb(raw, raw=False) if raw else {}
+        except Exception as exc:
+            raise OkqError(f"unreadable reply ({status}) from {self.url}") from exc
+        if status >= 400:
+            raise _error(status, decoded, retry_after)
+        return model.model_validate(decoded)
+
+    # -- items ---------------------------------------------------------------
+    async def produce(self, queue: str, items: Sequence[Item]) -> list[str]:
+        body = {"queue_name": queue, "items": [_item(i) for i in items]}
+        return (await self.call("queue.produce", body, s.ProduceResponse)).ids
+
+    async def lease(self, queue: str, batch_size: int = 1, *, lease_timeout: float | None = None,
+                    request_timeout: float = 0.0) -> list[s.LeasedItemOut]:
+        body: dict[str, Any] = {"queue_name": queue, "batch_size": batch_size,
+                                "request_timeout": request_timeout}
+        if lease_timeout is not None:
+            body["lease_timeout"] = lease_timeout
+        reply = await self.call("queue.lease", body, s.LeaseResponse, wait=request_timeout)
+        return reply.items
+
+    async def renew(self, queue: str, token: str, lease_timeout: float | None = None) -> datetime:
+        body: dict[str, Any] = {"queue_name": queue, "token": token}
+        if lease_timeout is not None:
+            body["lease_timeout"] = lease_timeout
+        return (await self.call("queue.renew", body, s.RenewResponse)).lease_deadline
+
+    async def complete(self, queue: str, tokens: Sequence[str]) -> int:
+        body = {"queue_name": queue, "tokens": list(tokens)}
+        return (await self.call("queue.complete", body, s.CompleteResponse)).completed
+
+    async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
+                    dead: bool = False, error: str | None = None) -> None:
+        item: dict[str, Any] = {"token": token, "dead": dead}
+        if retry_at is not None:
+            item["retry_at"] = retry_at.isoformat()
+        if error is not None:
+            item["error"] = error[:4096]
+        await self.call("queue.retry", {"queue_name": queue, "items": [item]}, s.RetryResponse)
+
+    async def stats(self, queue: str) -> s.StatsResponse:
+        return await self.call("queue.stats", {"queue_name": queue}, s.StatsResponse)
+
+    async def purge(self, queue: str) -> None:
+        await self.call("queue.purge", {"queue_name": queue}, s.PurgeResponse)
+
+    async def list_items(self, queue: str, *, limit: int = 100,
+                         start_after: str | None = None) -> s.ItemsListResponse:
+        body: dict[str, Any] = {"queue_name": queue, "limit": limit}
+        if start_after is not None:
+            body["start_after"] = start_after
+        return await self.call("items.list", body, s.ItemsListResponse)
+
+    async def redrive(self, dead_queue: str, limit: int = 1000) -> int:
+        body = {"queue_name": dead_queue, "limit": limit}
+        return (await self.call("dead.redrive", body, s.RedriveResponse)).moved
+
+    # -- queues ----------------------------------------------------------------
+    async def create_queue(self, name: str, **settings: Any) -> s.QueueInfoOut:
+        return await self.call("queues.create", {"name": name, **settings}, s.QueueInfoOut)
+
+    async def list_queues(self) -> list[s.QueueInfoOut]:
+        return (await self.call("queues.list", {}, s.QueuesListResponse)).queues
+
+    async def queue_info(self, name: str) -> s.QueueInfoOut:
+        return await self.call("queues.info", {"name": name}, s.QueueInfoOut)
+
+    async def update_queue(self, name: str, **settings: Any) -> s.QueueInfoOut:
+        return await self.call("queues.update", {"name": name, **settings}, s.QueueInfoOut)
+
+    async def delete_queue(self, name: str) -> None:
+        await self.call("queues.delete", {"name": name}, s.DeleteResponse)
+
+    async def health(self) -> bool:
+        try:
+            async with self._http().get(f"{self.url}/health") as resp:
+                return resp.status == 200
+        except aiohttp.ClientError:
+            return False
+
+
+def _error(status: int, body: Any, retry_after: str | None) -> OkqError:
+    if not isinstance(body, dict):
+        return OkqError(f"HTTP {status}")
+    code, message = str(body.get("code", "")), str(body.get("message", f"HTTP {status}"))
+    details = body.get("details") or {}
+    cls = BY_CODE.get(code, OkqError)
+    if cls is Overloaded:
+        return Overloaded(message, retry_after=float(retry_after or 1))
+    err = cls.__new__(cls)
+    OkqError.__init__(err, message, **details)
+    if "field" in details:
+        err.field = details["field"]  # type: ignore[attr-defined]
+    return err
+
+
+class SyncClient:
+    """The same calls, blocking. One background event loop keeps connections alive."""
+
+    def __init__(self, url: str = "http://127.0.0.1:7878", *, timeout: float = 60.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="okq-sync-client")
+        self._thread.start()
+        self._client = Client(url, timeout=timeout)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+        if not asyncio.iscoroutinefunction(method):
+            raise AttributeError(name)
+        return lambda *a, **kw: self._run(method(*a, **kw))
+
+    def close(self) -> None:
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+Handler = Callable[[s.LeasedItemOut], Awaitable[None]]
+
+
+class Worker:
+    """Lease items and run ``handler`` on each, at most ``concurrency`` at a time.
+
+    While a handler runs its lease is renewed every half lease timeout. A handler
+    that returns completes the item; one that raises retries it after a backoff
+    (``backoff_base * 2**(attempts-1)``, capped, with jitter), recording the
+    error; the queue's max_attempts then dead-letters it. ``stop()`` stops
+    leasing and waits for running handlers; items never started are released.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        queue: str,
+        handler: Handler,
+        *,
+        concurrency: int = 4,
+        lease_timeout: float = 30.0,
+        poll: float = 10.0,
+        backoff_base: float = 1.0,
+        backoff_max: float = 300.0,
+    ) -> None:
+        self.client = client
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.lease_timeout = lease_timeout
+        self.poll = poll
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.completed = 0
+        self.failed = 0
+        self._stop = asyncio.Event()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: set[asyncio.Task[None]] = set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run until ``stop()``; then finish what is running."""
+        while not self._stop.is_set():
+            await self._slots.acquire()
+            free = 1
+            while free < self.concurrency and not self._slots.locked():
+                await self._slots.acquire()
+                free += 1
+            try:
+                items = await self._lease(free)
+            except BaseException:
+                for _ in range(free):
+                    self._slots.release()
+                raise
+            for _ in range(free - len(items)):
+                self._slots.release()
+            for item in items:
+                if self._stop.is_set():  # stopping: give it back at once
+                    await self._release(item)
+                    self._slots.release()
+                    continue
+                task = asyncio.create_task(self._process(item))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _lease(self, n: int) -> list[s.LeasedItemOut]:
+        lease = asyncio.ensure_future(self.client.lease(
+            self.queue, n, lease_timeout=self.lease_timeout, request_timeout=self.poll))
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({lease, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        try:
+            return await lease
+        except (Overloaded, StorageError) as exc:
+            log.warning("lease from %s failed: %s; backing off", self.queue, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 1 + random.random())
+            return []
+
+    async def _release(self, item: s.LeasedItemOut) -> None:
+        with contextlib.suppress(OkqError):
+            await self.client.retry(self.queue, item.token, error="worker stopping")
+
+    async def _process(self, item: s.LeasedItemOut) -> None:
+        renewer = asyncio.create_task(self._renew(item))
+        try:
+            await self.handler(item)
+        except Exception as exc:  # the handler's failure is the item's failure
+            renewer.cancel()
+            self.failed += 1
+            await self._retry(item, exc)
+        else:
+            renewer.cancel()
+            try:
+                await self.client.complete(self.queue, [item.token])
+                self.completed += 1
+            except LeaseLost:
+                log.warning("lease of %s was lost before completion; it will be redelivered",
+                            item.id)
+        finally:
+            renewer.cancel()
+            self._slots.release()
+
+    async def _retry(self, item: s.LeasedItemOut, exc: Exception) -> None:
+        delay = min(self.backoff_max, self.backoff_base * 2 ** (item.attempts - 1))
+        delay *= 0.5 + random.random() / 2
+        retry_at = datetime.now(UTC) + timedelta(seconds=delay)
+        try:
+            await self.client.retry(self.queue, item.token, retry_at=retry_at,
+                                    error=f"{type(exc).__name__}: {exc}")
+        except LeaseLost:
+            pass
+
+    async def _renew(self, item: s.LeasedItemOut) -> None:
+        while True:
+            await asyncio.sleep(self.lease_timeout / 2)
+            try:
+                await self.client.renew(self.queue, item.token, self.lease_timeout)
+            except LeaseLost:
+                log.warning("lease of %s lost while its handler runs", item.id)
+                return
+            except OkqError as exc:
+                log.warning("renewing %s failed: %s; will try again", item.id, exc)

@@ -1,0 +1,70 @@
+"""Prometheus metrics of one node (prometheus-client, one registry per app)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from okq.engine import Engine, QueueStats
+from okq.store import CountingStore
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "okq_http_requests", "HTTP requests by endpoint and status",
+            ["endpoint", "status"], registry=r,
+        )
+        self.latency = Histogram(
+            "okq_http_request_seconds", "HTTP request latency by endpoint", ["endpoint"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.batch = Histogram(
+            "okq_batch_items", "items per produce, lease and complete call", ["operation"],
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r,
+        )
+        self.items = Counter(
+            "okq_items", "items by operation (produced, leased, completed, retried)",
+            ["operation"], registry=r,
+        )
+        self.queue_stats: dict[str, QueueStats] = {}
+
+    def watch(self, engine: Engine, store: CountingStore) -> None:
+        self.registry.register(_EngineCollector(engine, store, self))
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's and store's own counters at scrape time."""
+
+    def __init__(self, engine: Engine, store: CountingStore, metrics: Metrics) -> None:
+        self.engine = engine
+        self.store = store
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        ops = CounterMetricFamily(
+            "okq_store_requests", "object-store requests by operation", labels=["operation"]
+        )
+        for op, n in sorted(self.store.requests.items()):
+            ops.add_metric([op], n)
+        yield ops
+        sent = CounterMetricFamily("okq_store_bytes_sent", "bytes written to the store")
+        sent.add_metric([], sum(self.store.bytes_in.values()))
+        yield sent
+        cas = CounterMetricFamily("okq_cas_conflicts", "conditional writes that lost a race")
+        cas.add_metric([], self.engine.cas_conflicts)
+        yield cas
+        depth = GaugeMetricFamily("okq_queue_items", "items by queue and state",
+                                  labels=["queue", "state"])
+        for name, s in sorted(self.metrics.queue_stats.items()):
+            for state in ("available", "in_flight", "scheduled", "waiting_retry", "dead"):
+                depth.add_metric([name, state], getattr(s, state))
+        yield depth

@@ -1,0 +1,90 @@
+"""The OpenAPI 3 document, generated from the route table and pydantic models."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+import okq
+from okq.server import schemas as s
+
+ERRORS = {
+    "400": "invalid input; details.field names the field",
+    "404": "unknown queue",
+    "409": "lost or stale lease, or the queue exists",
+    "413": "payload, batch or body too large",
+    "429": "overloaded: retry after Retry-After seconds",
+    "503": "the store is unavailable or the produce was not published: retry",
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json_and_msgpack(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "application/json": {"schema": _ref(model)},
+        "application/msgpack": {"schema": _ref(model)},
+    }
+
+
+@cache
+def document() -> dict[str, Any]:
+    from okq.server.app import ROUTES
+
+    models: set[type[BaseModel]] = {s.ErrorBody, s.HealthResponse}
+    for _, _, req, resp, _ in ROUTES:
+        models.update((req, resp))
+    _, defs = models_json_schema(
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)],
+        ref_template="#/components/schemas/{model}",
+    )
+    paths: dict[str, Any] = {}
+    for path, handler, req, resp, summary in ROUTES:
+        responses: dict[str, Any] = {
+            "200": {"description": "OK", "content": _json_and_msgpack(resp)},
+        }
+        for status, text in ERRORS.items():
+            responses[status] = {"description": text, "content": _json_and_msgpack(s.ErrorBody)}
+        paths[path] = {
+            "post": {
+                "operationId": handler.__name__,
+                "summary": summary,
+                "requestBody": {"required": True, "content": _json_and_msgpack(req)},
+                "responses": responses,
+            }
+        }
+    paths["/v1/queues.create"]["post"]["responses"]["201"] = paths["/v1/queues.create"][
+        "post"
+    ]["responses"].pop("200")
+    paths["/health"] = {
+        "get": {
+            "operationId": "health",
+            "summary": "Whether the node can reach its store.",
+            "responses": {
+                "200": {"description": "OK",
+                        "content": {"application/json": {"schema": _ref(s.HealthResponse)}}},
+                "503": {"description": "store unavailable",
+                        "content": {"application/json": {"schema": _ref(s.HealthResponse)}}},
+            },
+        }
+    }
+    paths["/metrics"] = {
+        "get": {
+            "operationId": "metrics",
+            "summary": "Prometheus metrics.",
+            "responses": {"200": {"description": "text exposition format",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}},
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "okq", "version": okq.__version__,
+                 "description": "A durable queue on object storage: the lease API."},
+        "paths": paths,
+        "components": {"schemas": defs["$defs"]},
+    }

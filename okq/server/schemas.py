@@ -1,0 +1,255 @@
+"""Request and response bodies of the HTTP API, as pydantic models.
+
+They validate input (unknown fields are refused, so a typo names its field),
+and the OpenAPI document is generated from them. Payloads are ``bytes``:
+base64 in JSON, raw binary in msgpack; ``utf8`` is the convenient alternative
+for text. Times are RFC 3339 strings (or epoch seconds); durations are seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import builtins
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    model_validator,
+)
+
+
+def _payload(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError("must be base64") from exc
+    raise ValueError("must be base64 text (JSON) or binary (msgpack)")
+
+
+Payload = Annotated[
+    bytes,
+    BeforeValidator(_payload),
+    PlainSerializer(lambda b: base64.b64encode(b).decode(), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "byte", "description": "base64 in JSON"}),
+]
+QueueName = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="a queue's name")
+]
+Seconds = Annotated[float, Field(ge=0.1, le=43_200, description="seconds")]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(Body):
+    code: str
+    message: str
+    details: dict[str, Any] = {}
+
+
+class ProduceItem(Body):
+    bytes: Payload | None = Field(None, description="the payload (base64 in JSON)")
+    utf8: str | None = Field(None, description="the payload as text, instead of bytes")
+    enqueue_at: datetime | None = Field(None, description="deliver no earlier than this")
+    key: str | None = Field(
+        None, min_length=1, max_length=256,
+        description="producer idempotency key: a retried produce with the same key "
+        "returns the first id instead of a duplicate (kept for 5 minutes)",
+    )
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> ProduceItem:
+        if (self.bytes is None) == (self.utf8 is None):
+            raise ValueError("give exactly one of 'bytes' and 'utf8'")
+        return self
+
+    def payload(self) -> builtins.bytes:
+        return self.bytes if self.bytes is not None else (self.utf8 or "").encode()
+
+
+class ProduceRequest(Body):
+    queue_name: QueueName
+    items: list[ProduceItem] = Field(min_length=1)
+
+
+class ProduceResponse(Body):
+    queue_name: str
+    ids: list[str]
+
+
+class LeaseRequest(Body):
+    queue_name: QueueName
+    batch_size: int = Field(1, ge=1, description="most items to lease")
+    lease_timeout: Seconds | None = Field(None, description="default: the queue's")
+    request_timeout: float = Field(
+        0, ge=0, description="long poll: seconds to wait for items when none are ready"
+    )
+    client_id: str | None = Field(None, max_length=256, description="for logs only")
+
+
+class LeasedItemOut(Body):
+    id: str
+    token: str = Field(description="proof of this delivery: renew, complete or retry with it")
+    attempts: int
+    lease_deadline: datetime
+    produced_at: datetime
+    enqueue_at: datetime | None = None
+    bytes: Payload
+    utf8: str | None = Field(None, description="the payload, when it is valid UTF-8")
+    meta: dict[str, Any] | None = None
+
+
+class LeaseResponse(Body):
+    queue_name: str
+    items: list[LeasedItemOut]
+
+
+class RenewRequest(Body):
+    queue_name: QueueName
+    token: str
+    lease_timeout: Seconds | None = None
+
+
+class RenewResponse(Body):
+    queue_name: str
+    lease_deadline: datetime
+
+
+class CompleteRequest(Body):
+    queue_name: QueueName
+    tokens: list[str] = Field(min_length=1)
+
+
+class CompleteResponse(Body):
+    queue_name: str
+    completed: int
+
+
+class RetryItem(Body):
+    token: str
+    retry_at: datetime | None = Field(None, description="ready again at this time (default now)")
+    dead: bool = Field(False, description="move to the dead-letter queue instead")
+    error: str | None = Field(None, max_length=4096, description="kept as the last error")
+
+
+class RetryRequest(Body):
+    queue_name: QueueName
+    items: list[RetryItem] = Field(min_length=1)
+
+
+class RetryResponse(Body):
+    queue_name: str
+    retried: int
+
+
+class QueueRequest(Body):
+    queue_name: QueueName
+
+
+class StatsResponse(Body):
+    queue_name: str
+    available: int
+    in_flight: int
+    scheduled: int
+    waiting_retry: int
+    dead: int
+    dead_lettered: int
+    completed: int
+    segments: int
+    oldest_age: float
+
+
+class PurgeResponse(Body):
+    queue_name: str
+
+
+class QueueSettings(Body):
+    lease_timeout: Seconds | None = None
+    retention: float | None = Field(None, ge=1, le=1_209_600)
+    max_attempts: int | None = Field(None, ge=0, le=10_000)
+    dead_queue: QueueName | None = None
+
+
+class QueueCreate(QueueSettings):
+    name: QueueName
+
+
+class QueueUpdate(QueueSettings):
+    name: QueueName
+
+
+class QueueNameRequest(Body):
+    name: QueueName
+
+
+class QueuesListRequest(Body):
+    pass
+
+
+class QueueInfoOut(Body):
+    name: str
+    lease_timeout: float
+    retention: float
+    max_attempts: int
+    dead_queue: str | None
+    created_at: datetime
+    segments: int
+    produced: int
+
+
+class QueuesListResponse(Body):
+    queues: list[QueueInfoOut]
+
+
+class DeleteResponse(Body):
+    name: str
+
+
+class ItemsListRequest(Body):
+    queue_name: QueueName
+    limit: int = Field(100, ge=1, le=1000)
+    start_after: str | None = Field(None, description="an item id: list the items after it")
+
+
+class ItemOut(Body):
+    id: str
+    state: str = Field(description="available, scheduled, leased or waiting")
+    attempts: int
+    produced_at: datetime
+    ready_at: datetime | None
+    bytes: Payload
+    utf8: str | None = None
+    meta: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class ItemsListResponse(Body):
+    queue_name: str
+    items: list[ItemOut]
+    next_start_after: str | None
+
+
+class RedriveRequest(Body):
+    queue_name: QueueName = Field(description="the dead-letter queue")
+    limit: int = Field(1000, ge=1, le=100_000)
+
+
+class RedriveResponse(Body):
+    queue_name: str
+    moved: int
+
+
+class HealthResponse(Body):
+    status: str
+    store: str

@@ -1,0 +1,90 @@
+"""Configuration, read once at the edge (the CLI) and passed down.
+
+Every setting is an ``OKQ_*`` environment variable and an ``okq serve`` flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from okq.engine import EngineOptions
+from okq.keys import check_name
+
+log = logging.getLogger("okq.settings")
+
+DEFAULT_STORE = "file://./okq-data"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OKQ_", extra="forbid")
+
+    store: str = Field(
+        DEFAULT_STORE,
+        description="where state lives: file://DIR (default ./okq-data), s3://bucket/prefix, "
+        "or memory:// (lost on exit)",
+    )
+    endpoint_url: str | None = Field(
+        None, description="S3 endpoint URL for s3:// stores (MinIO, SeaweedFS, R2, ...)"
+    )
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(7878, ge=0, le=65535, description="port to listen on (0: any free port)")
+    namespace: str = Field("default", description="key prefix in the store: a tenant")
+    signing_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated lease-token signing keys (16+ characters each); the "
+        "first signs, all verify. Every node of a fleet needs the same list.",
+    )
+    signing_keys_file: Path | None = Field(
+        None, description="file with one signing key per line (instead of signing_keys)"
+    )
+    linger: float = Field(0.005, ge=0, le=1, description="seconds to gather a produce batch")
+    max_item_bytes: int = Field(1 << 20, ge=1, le=64 << 20, description="largest item payload")
+    max_batch: int = Field(1000, ge=1, le=10_000, description="most items per produce or lease")
+    max_body_bytes: int = Field(8 << 20, ge=1024, le=256 << 20, description="largest request body")
+    max_wait: float = Field(900, ge=0, le=3600, description="longest long poll, seconds")
+    max_waiting: int = Field(
+        100, ge=1, le=100_000, description="waiting lease requests per queue before 429"
+    )
+    max_pending_produce: int = Field(
+        50_000, ge=1, description="items waiting to be published per queue before 503"
+    )
+    self_check: bool = Field(True, description="check the store honours conditional writes")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, value: str) -> str:
+        return check_name(value, "namespace")
+
+    def keys(self) -> list[bytes]:
+        """The signing keys; a random development key (with a warning) when none is set."""
+        raw: list[str] = []
+        if self.signing_keys is not None:
+            raw = [k.strip() for k in self.signing_keys.get_secret_value().split(",")]
+        elif self.signing_keys_file is not None:
+            raw = [k.strip() for k in self.signing_keys_file.read_text().splitlines()]
+        keys = [k.encode() for k in raw if k]
+        if not keys:
+            log.warning(
+                "no signing keys configured (OKQ_SIGNING_KEYS): using a random development "
+                "key. Lease tokens will not survive a restart and other nodes cannot "
+                "verify them."
+            )
+            return [secrets.token_hex(32).encode()]
+        short = [n for n, k in enumerate(keys) if len(k) < 16]
+        if short:
+            raise ValueError(f"signing key #{short[0] + 1} is shorter than 16 characters")
+        return keys
+
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(
+            linger=self.linger,
+            max_item_bytes=self.max_item_bytes,
+            max_batch=self.max_batch,
+            max_wait=self.max_wait,
+        )

@@ -1,0 +1,86 @@
+"""Start real ``okq serve`` processes on loopback for acceptance tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+KEYS = "acceptance-key-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Node:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.proc = proc
+        self.url = url
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@contextmanager
+def okq_node(
+    store: str,
+    tmp: Path,
+    *,
+    endpoint_url: str | None = None,
+    keys: str | None = KEYS,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Node]:
+    port = free_port()
+    args = [sys.executable, "-m", "okq.cli", "serve", "--store", store, "--port", str(port),
+            "--log-level", "WARNING", *(extra or [])]
+    if endpoint_url:
+        args += ["--endpoint-url", endpoint_url]
+    full_env = {**os.environ, **(env or {})}
+    if keys is not None:
+        full_env["OKQ_SIGNING_KEYS"] = keys
+    log = tmp / f"node-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    node = Node(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_healthy(node)
+        yield node
+    finally:
+        node.stop()
+
+
+def _wait_healthy(node: Node, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if node.proc.poll() is not None:
+            raise RuntimeError(f"okq serve exited with {node.proc.returncode}:\n{node.output()}")
+        try:
+            with urllib.request.urlopen(f"{node.url}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    node.stop(signal.SIGKILL)
+    raise RuntimeError(f"okq serve did not become healthy:\n{node.output()}")
