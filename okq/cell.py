@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -44,7 +45,7 @@ class _Pending:
 
 
 class Cell(Generic[T]):
-    MAX_ATTEMPTS = 12
+    GIVE_UP_AFTER = 30.0  # seconds of lost races before a batch fails
 
     def __init__(
         self,
@@ -119,7 +120,13 @@ class Cell(Generic[T]):
                     return
 
     async def _write(self, batch: list[_Pending]) -> None:
-        for _ in range(self.MAX_ATTEMPTS):
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.GIVE_UP_AFTER
+        attempt = 0
+        while loop.time() < give_up:
+            if attempt:  # lost a race: back off with jitter so writers spread out
+                await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
+            attempt += 1
             if self.fetched_ms is None:
                 await self.refresh()
             obj = self.cached()
@@ -134,7 +141,10 @@ class Cell(Generic[T]):
             if await self._put(obj):
                 self._resolve(batch, results)
                 return
-        raise StorageError(f"gave up writing {self.key!r} after {self.MAX_ATTEMPTS} attempts")
+        raise StorageError(
+            f"gave up writing {self.key!r}: {attempt} attempts lost their races in "
+            f"{self.GIVE_UP_AFTER:.0f} s"
+        )
 
     def _apply(self, obj: T, batch: list[_Pending]) -> list[Any]:
         now = self.clock.now_ms()
