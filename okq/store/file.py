@@ -26,6 +26,7 @@ from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
 from okq.store.memory import etag_of
 
 LOCK_DIR = ".locks"
+LOCK_STRIPES = 1024
 #: What reading a key's path raises when no object has that key: nothing there,
 #: a parent that is an object ("a" when reading "a/b"), or a directory that only
 #: holds deeper keys ("a" when "a/b" exists).
@@ -37,6 +38,7 @@ class FileStore:
         self.root = Path(root).resolve()
         self.url = f"file://{self.root}"
         (self.root / LOCK_DIR).mkdir(parents=True, exist_ok=True)
+        self._etags: dict[Path, tuple[tuple[int, int, int], str]] = {}
 
     # -- paths and locks -------------------------------------------------
     def _path(self, key: str) -> Path:
@@ -44,7 +46,10 @@ class FileStore:
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
-        name = hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()
+        # A fixed set of lock stripes: the folder stays small whatever the number of
+        # keys, and keys that share a stripe merely take turns.
+        digest = hashlib.sha1(key.encode(), usedforsecurity=False).digest()
+        name = f"{int.from_bytes(digest[:2], 'big') % LOCK_STRIPES:04d}"
         fd = os.open(self.root / LOCK_DIR / name, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -62,19 +67,32 @@ class FileStore:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
         return Blob(data, etag_of(data))
 
+    def _etag(self, path: Path) -> tuple[str, os.stat_result]:
+        """The file's ETag, hashed once per version: every write renames a new file
+        into place, so (inode, mtime, size) names a version."""
+        st = path.stat()
+        version = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._etags.get(path)
+        if cached is not None and cached[0] == version:
+            return cached[1], st
+        etag = etag_of(path.read_bytes())
+        if len(self._etags) > 100_000:
+            self._etags.clear()
+        self._etags[path] = (version, etag)
+        return etag, st
+
     def _head(self, key: str) -> ObjectInfo:
-        blob = self._read(key)
         try:
-            mtime = self._path(key).stat().st_mtime
-        except _ABSENT:  # deleted since the read
+            etag, st = self._etag(self._path(key))
+        except _ABSENT:
             raise ObjectNotFound(f"no object {key!r}", key=key) from None
         except OSError as exc:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
-        return ObjectInfo(key, blob.etag, len(blob.data), mtime)
+        return ObjectInfo(key, etag, st.st_size, st.st_mtime)
 
     def _current_etag(self, path: Path) -> str | None:
         try:
-            return etag_of(path.read_bytes())
+            return self._etag(path)[0]
         except _ABSENT:
             return None
         except OSError as exc:

@@ -1,0 +1,100 @@
+"""Shared fixtures: real S3 servers on loopback and fresh stores of every kind.
+
+* ``moto_endpoint`` / ``seaweed_endpoint`` — session-scoped; each server starts
+  the first time a test asks for it (never otherwise) and has the bucket
+  ``okq-test`` ready.
+* ``store_factory`` — ``await make(kind)`` returns a fresh, empty store of kind
+  ``memory``, ``file``, ``moto`` or ``seaweed``; all are closed at teardown.
+* ``any_store`` — one fresh store, parametrised over ``ALL_STORES``;
+  ``atomic_store`` — the same over ``ATOMIC_STORES`` (see tests/stores.py).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from okq.store import FileStore, MemoryStore, S3Store, Store
+from tests.servers import BUCKET, MotoServer, SeaweedServer, ensure_dummy_credentials
+from tests.stores import ALL_STORES, ATOMIC_STORES, S3_STORES, StoreFactory
+
+#: Start-up times of the servers this session started, for the summary.
+_STARTUP: dict[str, float] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Always list skips and xfails with their reasons: a store left out of a
+    # test (moto from the atomicity tests) must say why in the output.
+    chars = config.option.reportchars or ""
+    if not any(c in chars for c in "aAN"):  # -ra/-rA already list them; -rN lists none
+        chars += "".join(c for c in "sx" if c not in chars)
+    config.option.reportchars = chars
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for name, seconds in _STARTUP.items():
+        terminalreporter.write_line(f"okq test servers: {name} started in {seconds:.2f}s")
+
+
+def _store_params(kinds: list[str]) -> list[object]:
+    return [
+        pytest.param(kind, id=kind, marks=[pytest.mark.s3] if kind in S3_STORES else [])
+        for kind in kinds
+    ]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    ensure_dummy_credentials()
+    began = time.monotonic()
+    with MotoServer(BUCKET) as server:
+        _STARTUP["moto"] = time.monotonic() - began
+        yield server.endpoint
+
+
+@pytest.fixture(scope="session")
+def seaweed_endpoint() -> Iterator[str]:
+    ensure_dummy_credentials()
+    with SeaweedServer(BUCKET) as server:
+        _STARTUP["SeaweedFS"] = server.startup_seconds
+        yield server.endpoint
+
+
+@pytest.fixture
+async def store_factory(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[StoreFactory]:
+    opened: list[Store] = []
+
+    async def make(kind: str) -> Store:
+        name = uuid.uuid4().hex
+        store: Store
+        if kind == "memory":
+            store = MemoryStore(f"memory://{name}")
+        elif kind == "file":
+            store = FileStore(tmp_path / f"store-{name}")
+        elif kind in S3_STORES:
+            endpoint = request.getfixturevalue(f"{kind}_endpoint")
+            store = S3Store(f"s3://{BUCKET}/{name}", endpoint_url=endpoint, region="us-east-1")
+        else:
+            raise ValueError(f"unknown store kind {kind!r}; expected one of {ALL_STORES}")
+        opened.append(store)
+        return store
+
+    yield make
+    for store in reversed(opened):
+        await store.close()
+
+
+@pytest.fixture(params=_store_params(ALL_STORES))
+async def any_store(request: pytest.FixtureRequest, store_factory: StoreFactory) -> Store:
+    return await store_factory(request.param)
+
+
+@pytest.fixture(params=_store_params(ATOMIC_STORES))
+async def atomic_store(request: pytest.FixtureRequest, store_factory: StoreFactory) -> Store:
+    return await store_factory(request.param)
