@@ -55,6 +55,7 @@ from okq.model import (
     decode_segment,
     encode_lease,
     encode_manifest,
+    fresh_ready_ms,
     new_nonce,
 )
 from okq.publisher import NewItem, Publisher
@@ -152,6 +153,7 @@ class _Queue:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     leases: dict[str, Cell[LeaseObject]] = field(default_factory=dict)
     summaries: dict[str, tuple[bytes | None, _Summary]] = field(default_factory=dict)
+    seen_ver: int = -1
 
 
 class Engine:
@@ -416,16 +418,26 @@ class Engine:
         future ready time seen, for the long poll.
         """
         now = self.clock.now_ms()
+        if q.seen_ver != m.ver:  # forget state of segments the manifest dropped
+            live = {sm.id for sm in m.segments}
+            for sid in [sid for sid in q.leases if sid not in live]:
+                q.leases.pop(sid)
+                q.summaries.pop(sid, None)
+            q.seen_ver = m.ver
         backoff = int(self.opts.contention_backoff * 1000)
         cands: list[tuple[int, str, int, int]] = []
         next_ready: int | None = None
-        for sm in m.segments:
+        for sm in _scan_order(m):
             if len(cands) >= n:
                 cands.sort()
-                if cands[n - 1][0] <= sm.created_ms:
-                    break  # every item further on became ready later than these
+                if cands[n - 1][0] <= sm.first_ready_ms:
+                    break  # every item further on becomes ready later than these
             cell = self._lease_cell(q, sm.id)
-            summary = await self._summary(q, sm, cell, now)
+            try:
+                summary = await self._summary(q, sm, cell, now)
+            except ObjectNotFound:  # removed by a compactor since this manifest was read
+                q.manifest.forget()
+                continue
             penalty = backoff if now - cell.conflict_ms < backoff else 0
             for ready, idx in summary.ready:
                 if ready > now:
@@ -440,8 +452,7 @@ class Engine:
 
     def _fresh_ready(self, sm: SegmentMeta, idx: int) -> int:
         seg = self._segments.get(sm.id)
-        at = seg.items[idx].enqueue_at_ms if seg is not None else None
-        return max(sm.created_ms, at or 0)
+        return fresh_ready_ms(sm, seg.items[idx]) if seg is not None else sm.first_ready_ms
 
     async def _summary(self, q: _Queue, sm: SegmentMeta, cell: Cell[LeaseObject],
                        now: int) -> _Summary:
@@ -489,7 +500,7 @@ class Engine:
             attempts=x.attempts,
             lease_deadline_ms=x.deadline_ms,
             payload=item.payload,
-            produced_ms=sm.created_ms,
+            produced_ms=item.born_ms or sm.created_ms,
             enqueue_at_ms=item.enqueue_at_ms,
             meta=item.meta,
         )
@@ -615,6 +626,31 @@ class Engine:
                 await self._help_dead(q, cfg, sm, d.index)
         q.wake.set()
 
+    # -- for the compactor, which shares this engine's cells and caches -----------
+    def manifest_cell(self, queue: str) -> Cell[Manifest]:
+        return self._q(queue).manifest
+
+    def lease_cell(self, queue: str, segment: str) -> Cell[LeaseObject]:
+        return self._lease_cell(self._q(queue), segment)
+
+    async def segment(self, queue: str, sm: SegmentMeta) -> Segment:
+        return await self._segment(self._q(queue), sm)
+
+    async def finish_dead(self, queue: str, config: QueueConfig, sm: SegmentMeta,
+                          index: int) -> None:
+        """Move a DEAD_PENDING item to the dead-letter queue and mark it DEAD."""
+        await self._help_dead(self._q(queue), config, sm, index)
+
+    def forget_segments(self, queue: str, segments: Sequence[str]) -> None:
+        """Drop cached state of segments no longer in the manifest."""
+        q = self._q(queue)
+        for sid in segments:
+            q.leases.pop(sid, None)
+            q.summaries.pop(sid, None)
+            if sid in self._segments:
+                del self._segments[sid]
+                self._segment_bytes -= self._sizes.pop(sid)
+
     # -- purge, browse, redrive ---------------------------------------------------
     async def purge(self, queue: str) -> None:
         """Drop every item: the manifest stops referencing the queue's segments, so
@@ -695,7 +731,7 @@ class Engine:
             cell = self._lease_cell(q, sm.id)
             await cell.refresh()
             obj = cell.cached() or LeaseObject(sm.id)
-            await self._segment(q, sm)  # _fresh_ready reads enqueue times from the cache
+            seg = await self._segment(q, sm)
             for idx in range(sm.count):
                 st = obj.items.get(idx)
                 ready = tr.ready_at(st, self._fresh_ready(sm, idx))
@@ -703,7 +739,8 @@ class Engine:
                     s.in_flight += 1
                 elif ready is not None and ready <= now:
                     s.available += 1
-                    oldest = sm.created_ms if oldest is None else min(oldest, sm.created_ms)
+                    born = seg.items[idx].born_ms or sm.created_ms
+                    oldest = born if oldest is None else min(oldest, born)
                 elif ready is not None:
                     if st is None:
                         s.scheduled += 1
@@ -728,7 +765,7 @@ def _browsed(
 ) -> BrowsedItem | None:
     st = obj.items.get(idx)
     item = seg.items[idx]
-    ready = tr.ready_at(st, max(sm.created_ms, item.enqueue_at_ms or 0))
+    ready = tr.ready_at(st, fresh_ready_ms(sm, item))
     if st is not None and st.s == LEASED and st.t > now:
         state = "leased"
     elif ready is not None and ready <= now:
@@ -741,12 +778,27 @@ def _browsed(
         item_id(sm.id, idx),
         state,
         st.attempts if st else 0,
-        sm.created_ms,
+        item.born_ms or sm.created_ms,
         st.t if st is not None and st.s == LEASED else ready,
         item.payload,
         item.meta,
         st.err if st else None,
     )
+
+
+_SCAN_ORDER: dict[tuple[str, int, str], list[SegmentMeta]] = {}
+
+
+def _scan_order(m: Manifest) -> list[SegmentMeta]:
+    """Segments by the earliest ready time of their items (publish order, unless
+    a compactor merge carried older items into a newer segment)."""
+    key = (m.queue, m.ver, m.nonce)
+    order = _SCAN_ORDER.get(key)
+    if order is None:
+        if len(_SCAN_ORDER) > 256:
+            _SCAN_ORDER.clear()
+        order = _SCAN_ORDER[key] = sorted(m.segments, key=lambda sm: sm.first_ready_ms)
+    return order
 
 
 def _completion(d: Delivery) -> Callable[[LeaseObject, int], None]:
@@ -763,8 +815,8 @@ def _summarise(sm: SegmentMeta, seg: Segment | None, obj: LeaseObject) -> _Summa
             inflight = True
             if st.s == DEAD_PENDING:
                 stalled.append((st.t, idx))
-        at = seg.items[idx].enqueue_at_ms if seg is not None and st is None else None
-        r = tr.ready_at(st, max(sm.created_ms, at or 0))
+        fresh = fresh_ready_ms(sm, seg.items[idx]) if seg is not None and st is None else 0
+        r = tr.ready_at(st, fresh)
         if r is not None:
             ready.append((r, idx))
     ready.sort()

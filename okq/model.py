@@ -40,6 +40,9 @@ class QueueConfig(BaseModel):
         0, ge=0, le=10_000, description="deliveries before dead-lettering; 0 = unlimited"
     )
     dead_queue: str | None = Field(None, description="queue that receives dead items")
+    retention_dead_letter: bool = Field(
+        False, description="move items past retention to the dead-letter queue, not drop them"
+    )
 
     @field_validator("dead_queue")
     @classmethod
@@ -57,13 +60,21 @@ class SegmentMeta:
     count: int
     created_ms: int
     size: int
+    # A lower bound of every item's ready time, when it is earlier than
+    # created_ms: segments written by a compactor merge carry older items.
+    min_ready_ms: int | None = None
+
+    @property
+    def first_ready_ms(self) -> int:
+        return self.created_ms if self.min_ready_ms is None else self.min_ready_ms
 
     def pack(self) -> list[Any]:
-        return [self.id, self.count, self.created_ms, self.size]
+        out = [self.id, self.count, self.created_ms, self.size]
+        return out if self.min_ready_ms is None else [*out, self.min_ready_ms]
 
     @classmethod
     def unpack(cls, raw: list[Any]) -> SegmentMeta:
-        return cls(raw[0], raw[1], raw[2], raw[3])
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4] if len(raw) > 4 else None)
 
 
 @dataclass(slots=True)
@@ -84,6 +95,13 @@ class SegmentItem:
     payload: bytes
     enqueue_at_ms: int | None = None
     meta: dict[str, Any] | None = None
+    born_ms: int | None = None  # first produce time, kept when a merge moves the item
+
+
+def fresh_ready_ms(sm: SegmentMeta, item: SegmentItem) -> int:
+    """When a never-leased item becomes ready: produced, and not before enqueue_at."""
+    born = sm.created_ms if item.born_ms is None else item.born_ms
+    return max(born, item.enqueue_at_ms or 0)
 
 
 @dataclass(slots=True)
@@ -125,6 +143,9 @@ class LeaseObject:
     items: dict[int, ItemState] = field(default_factory=dict)
     ver: int = 0
     nonce: str = ""
+    # Set by the compactor before it merges the segment's items elsewhere: no
+    # item of a sealed segment is leased again. Only set when none is leased.
+    sealed: bool = False
 
 
 # -- codec ---------------------------------------------------------------
@@ -190,7 +211,12 @@ def encode_segment(s: Segment) -> bytes:
             "queue": s.queue,
             "created": s.created_ms,
             "publish_by": s.publish_by_ms,
-            "items": [[i.payload, i.enqueue_at_ms, i.meta] for i in s.items],
+            "items": [
+                [i.payload, i.enqueue_at_ms, i.meta]
+                if i.born_ms is None
+                else [i.payload, i.enqueue_at_ms, i.meta, i.born_ms]
+                for i in s.items
+            ],
         },
     )
 
@@ -198,7 +224,7 @@ def encode_segment(s: Segment) -> bytes:
 def decode_segment(data: bytes) -> Segment:
     raw = _unpack("segment", data)
     try:
-        items = [SegmentItem(p, e, m) for p, e, m in raw["items"]]
+        items = [SegmentItem(*fields) for fields in raw["items"]]
         return Segment(raw["id"], raw["queue"], raw["created"], raw["publish_by"], items)
     except (KeyError, TypeError, ValueError) as exc:
         raise FormatError(f"malformed segment: {exc}", data=data) from exc
@@ -212,6 +238,7 @@ def encode_lease(o: LeaseObject) -> bytes:
             "items": {i: st.pack() for i, st in o.items.items()},
             "ver": o.ver,
             "nonce": o.nonce,
+            "sealed": o.sealed,
         },
     )
 
@@ -220,6 +247,6 @@ def decode_lease(data: bytes) -> LeaseObject:
     raw = _unpack("lease", data)
     try:
         items = {int(i): ItemState.unpack(st) for i, st in raw["items"].items()}
-        return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"])
+        return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"], raw["sealed"])
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise FormatError(f"malformed lease object: {exc}", data=data) from exc

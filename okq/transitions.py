@@ -70,6 +70,8 @@ def lease(
     """
     leased: list[Leased] = []
     dead: list[int] = []
+    if obj.sealed:  # the compactor is moving these items elsewhere
+        return leased, dead
     for index, fresh_ready in wanted:
         st = obj.items.get(index)
         if not is_available(st, fresh_ready, now):

@@ -179,6 +179,9 @@ class QueueSettings(Body):
     retention: float | None = Field(None, ge=1, le=1_209_600)
     max_attempts: int | None = Field(None, ge=0, le=10_000)
     dead_queue: QueueName | None = None
+    retention_dead_letter: bool | None = Field(
+        None, description="move items past retention to the dead-letter queue"
+    )
 
 
 class QueueCreate(QueueSettings):
@@ -203,6 +206,7 @@ class QueueInfoOut(Body):
     retention: float
     max_attempts: int
     dead_queue: str | None
+    retention_dead_letter: bool
     created_at: datetime
     segments: int
     produced: int

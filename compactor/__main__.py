@@ -1,0 +1,3 @@
+from compactor.cli import main
+
+main()

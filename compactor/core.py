@@ -1,0 +1,384 @@
+"""The compactor: folds tombstones, merges narrow segments, enforces retention
+and collects garbage, using the same engine code as the nodes.
+
+One pass over a queue, in this order (see docs/DESIGN.md, "Compaction"):
+
+1. **Walk**: read the manifest and every lease object fresh.
+2. **Retention**: live items older than the queue's retention are dropped
+   (state Z) or, when the queue says so, dead-lettered (X, then moved).
+3. **Seal** the segments to merge: a lease-object CAS that succeeds only when
+   none of its items is leased or being dead-lettered; from then on nothing in
+   it can change, and no engine leases from it.
+4. **Write** one merged segment per group of sealed segments (create-only),
+   carrying every live item with its ready time, attempts and last error, and
+   its lease object when some items were retried.
+5. **Commit**: one manifest CAS drops finished segments (folding their
+   tombstones), replaces each sealed group by its merged segment, and raises
+   the GC floor.
+6. **Collect**: delete objects no manifest references, only when they are older
+   than the safety age (and below the floor).
+
+A crash anywhere leaves work to do, never damage: a sealed segment stays in the
+manifest, unleasable, until any later pass merges it; an unpublished merged
+segment is an orphan for step 6. Two compactors at once are fenced by the same
+CASes: a segment sealed by one is merged by whichever commits first, and the
+other's commit finds its sources gone and drops its group.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+
+from okq.clock import Clock, SystemClock
+from okq.engine import Engine
+from okq.errors import ObjectNotFound, OkqError
+from okq.keys import lease_key, new_segment_id, segment_created_ms, segment_key
+from okq.model import (
+    DEAD,
+    DEAD_PENDING,
+    DONE,
+    LEASED,
+    WAITING,
+    ItemState,
+    LeaseObject,
+    Manifest,
+    QueueConfig,
+    Segment,
+    SegmentItem,
+    SegmentMeta,
+    encode_lease,
+    encode_segment,
+    fresh_ready_ms,
+    new_nonce,
+)
+from okq.store import Store, list_all
+
+log = logging.getLogger("okq.compactor")
+
+
+@dataclass
+class CompactorOptions:
+    safety_age: float = 3600.0  # seconds; must exceed any writer's publish deadline
+    merge_below: int = 500  # segments with fewer live items are merge candidates
+    merge_target: int = 10_000  # most items in one merged segment
+    merge_target_bytes: int = 16 << 20
+
+
+@dataclass
+class Report:
+    queues: int = 0
+    segments_folded: int = 0
+    segments_merged: int = 0
+    merged_into: int = 0
+    items_moved: int = 0
+    items_expired: int = 0
+    items_expired_to_dead: int = 0
+    objects_deleted: int = 0
+    bytes_reclaimed: int = 0
+    seconds: float = 0.0
+    lag: dict[str, float] = field(default_factory=dict)  # queue -> seconds since last pass
+
+    def add(self, other: Report) -> None:
+        for name in ("queues", "segments_folded", "segments_merged", "merged_into",
+                     "items_moved", "items_expired", "items_expired_to_dead",
+                     "objects_deleted", "bytes_reclaimed"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.lag.update(other.lag)
+
+
+@dataclass
+class _Seg:
+    meta: SegmentMeta
+    obj: LeaseObject
+    seg: Segment | None = None
+
+    def states(self) -> Iterable[tuple[int, ItemState | None]]:
+        return ((i, self.obj.items.get(i)) for i in range(self.meta.count))
+
+    def live(self) -> int:
+        return sum(1 for _, st in self.states() if st is None or st.s == WAITING
+                   or st.s == LEASED or st.s == DEAD_PENDING)
+
+    def finished(self) -> bool:
+        return all(st is not None and st.s in (DONE, DEAD) for _, st in self.states())
+
+    def busy(self) -> bool:
+        return any(st is not None and st.s in (LEASED, DEAD_PENDING) for _, st in self.states())
+
+
+class _SealRefused(OkqError):
+    pass
+
+
+class Compactor:
+    def __init__(self, engine: Engine, *, clock: Clock | None = None,
+                 options: CompactorOptions | None = None) -> None:
+        self.engine = engine
+        self.store: Store = engine.store
+        self.ns = engine.ns
+        self.clock = clock or engine.clock or SystemClock()
+        self.opts = options or CompactorOptions()
+        self._last_pass: dict[str, float] = {}
+
+    # -- a whole namespace ---------------------------------------------------------
+    async def run_once(self) -> Report:
+        report = Report()
+        began = time.monotonic()
+        for queue in await self.engine.list_queues():
+            try:
+                report.add(await self.compact_queue(queue))
+            except ObjectNotFound:
+                continue  # deleted meanwhile
+        report.add(await self.collect_deleted_queues())
+        report.seconds = time.monotonic() - began
+        return report
+
+    # -- one queue -------------------------------------------------------------------
+    async def compact_queue(self, queue: str) -> Report:
+        report = Report(queues=1)
+        now_wall = time.monotonic()
+        if queue in self._last_pass:
+            report.lag[queue] = now_wall - self._last_pass[queue]
+        cell = self.engine.manifest_cell(queue)
+        m = await cell.read(0)
+        if m is None:
+            return report
+        segs = [await self._walk(queue, sm) for sm in m.segments]
+        await self._retention(queue, m.config, segs, report)
+        groups = await self._seal_groups(queue, segs)
+        merged = [await self._write_merged(queue, g) for g in groups]
+        finished = {s.meta.id for s in segs if s.finished()}
+        replaced = await self._commit(queue, finished, merged)
+        report.segments_folded += len(finished)
+        for (new, sources, moved) in merged:
+            if new.id in replaced:
+                report.segments_merged += len(sources)
+                report.merged_into += 1
+                report.items_moved += moved
+        self.engine.forget_segments(queue, [*finished, *(s for _, g, _ in merged for s in g)])
+        await self._collect(queue, report)
+        self._last_pass[queue] = now_wall
+        return report
+
+    async def _walk(self, queue: str, sm: SegmentMeta) -> _Seg:
+        cell = self.engine.lease_cell(queue, sm.id)
+        await cell.refresh()
+        return _Seg(sm, cell.cached() or LeaseObject(sm.id))
+
+    async def _segment(self, queue: str, s: _Seg) -> Segment:
+        if s.seg is None:
+            s.seg = await self.engine.segment(queue, s.meta)
+        return s.seg
+
+    # -- retention -------------------------------------------------------------------
+    async def _retention(self, queue: str, cfg: QueueConfig, segs: list[_Seg],
+                         report: Report) -> None:
+        now = self.clock.now_ms()
+        cutoff = now - int(cfg.retention * 1000)
+        to_dead = cfg.retention_dead_letter and cfg.dead_queue is not None
+        for s in segs:
+            if s.meta.first_ready_ms >= cutoff or s.finished() or s.obj.sealed:
+                continue
+            seg = await self._segment(queue, s)
+            old = [i for i, st in s.states()
+                   if (st is None or st.s == WAITING)
+                   and (seg.items[i].born_ms or s.meta.created_ms) < cutoff]
+            if not old:
+                continue
+
+            def expire(obj: LeaseObject, now_ms: int, old: list[int] = old) -> list[int]:
+                done = []
+                for i in old:
+                    st = obj.items.get(i)
+                    if st is not None and st.s != WAITING:
+                        continue  # leased or finished since the walk
+                    v = st.v if st else 0
+                    attempts = st.attempts if st else 0
+                    state = DEAD_PENDING if to_dead else DEAD
+                    obj.items[i] = ItemState(state, v + 1, attempts, now_ms, "retention expired")
+                    done.append(i)
+                return done
+
+            cell = self.engine.lease_cell(queue, s.meta.id)
+            expired: list[int] = await cell.update(expire)
+            s.obj = cell.cached() or s.obj
+            report.items_expired += len(expired)
+            if to_dead:
+                for i in expired:
+                    await self.engine.finish_dead(queue, cfg, s.meta, i)
+                report.items_expired_to_dead += len(expired)
+                s.obj = cell.cached() or s.obj
+
+    # -- merging ---------------------------------------------------------------------
+    def _candidates(self, segs: list[_Seg]) -> list[list[_Seg]]:
+        """Groups to merge: every sealed segment (a crashed pass's leftovers) and
+        runs of narrow idle segments, in scan order, up to the target size."""
+        pick = [s for s in sorted(segs, key=lambda s: s.meta.first_ready_ms)
+                if not s.finished() and (s.obj.sealed or (
+                    not s.busy() and s.live() < self.opts.merge_below))]
+        groups: list[list[_Seg]] = []
+        current: list[_Seg] = []
+        items = size = 0
+        for s in pick:
+            live = s.live()
+            if current and (items + live > self.opts.merge_target
+                            or size + s.meta.size > self.opts.merge_target_bytes):
+                groups.append(current)
+                current, items, size = [], 0, 0
+            current.append(s)
+            items += live
+            size += s.meta.size
+        if current:
+            groups.append(current)
+        # A lone segment is worth rewriting only if it is sealed or mostly tombstones.
+        return [g for g in groups if len(g) > 1 or g[0].obj.sealed
+                or g[0].live() * 2 < g[0].meta.count]
+
+    async def _seal_groups(self, queue: str, segs: list[_Seg]) -> list[list[_Seg]]:
+        sealed_groups = []
+        for group in self._candidates(segs):
+            sealed = [s for s in group if await self._seal(queue, s)]
+            if sealed:
+                sealed_groups.append(sealed)
+        return sealed_groups
+
+    async def _seal(self, queue: str, s: _Seg) -> bool:
+        if s.obj.sealed:
+            return True
+
+        def seal(obj: LeaseObject, now: int) -> None:
+            if any(st.s in (LEASED, DEAD_PENDING) for st in obj.items.values()):
+                raise _SealRefused("an item is in flight")
+            obj.sealed = True
+
+        cell = self.engine.lease_cell(queue, s.meta.id)
+        try:
+            await cell.update(seal)
+        except _SealRefused:
+            return False
+        s.obj = cell.cached() or s.obj
+        return s.obj.sealed
+
+    async def _write_merged(
+        self, queue: str, group: list[_Seg]
+    ) -> tuple[SegmentMeta, list[str], int]:
+        """Write the merged segment (and its lease object); unpublished until the commit."""
+        now = self.clock.now_ms()
+        moved: list[tuple[int, SegmentItem, ItemState | None]] = []
+        for s in group:
+            seg = await self._segment(queue, s)
+            for i, st in s.states():
+                if st is not None and st.s != WAITING:
+                    continue  # finished: its tombstone is folded away here
+                item = seg.items[i]
+                born = item.born_ms or s.meta.created_ms
+                carried = SegmentItem(item.payload, item.enqueue_at_ms, item.meta, born)
+                ready = st.t if st is not None else fresh_ready_ms(s.meta, carried)
+                moved.append((ready, carried, st))
+        moved.sort(key=lambda m: m[0])
+        sid = new_segment_id(now)
+        segment = Segment(sid, queue, now, now + int(self.opts.safety_age * 500),
+                          [item for _, item, _ in moved])  # publish by half the safety age
+        data = encode_segment(segment)
+        await self.store.put(segment_key(self.ns, queue, sid), data, if_none_match=True)
+        waiting = {n: ItemState(st.s, st.v, st.attempts, st.t, st.err)
+                   for n, (_, _, st) in enumerate(moved) if st is not None}
+        if waiting:
+            obj = LeaseObject(sid, waiting, ver=1, nonce=new_nonce())
+            await self.store.put(lease_key(self.ns, queue, sid), encode_lease(obj),
+                                 if_none_match=True)
+        min_ready = min((r for r, _, _ in moved), default=now)
+        meta = SegmentMeta(sid, len(moved), now, len(data), min(min_ready, now))
+        return meta, [s.meta.id for s in group], len(moved)
+
+    async def _commit(
+        self, queue: str, finished: set[str], merged: list[tuple[SegmentMeta, list[str], int]]
+    ) -> set[str]:
+        """One manifest CAS: fold finished segments, swap in merged ones, raise the
+        GC floor. Returns the ids of the merged segments it published."""
+        floor = self.clock.now_ms() - int(self.opts.safety_age * 1000)
+        deadline_ms = int(self.opts.safety_age * 500)
+
+        def commit(m: Manifest, now: int) -> set[str]:
+            present = {sm.id for sm in m.segments}
+            published: set[str] = set()
+            drop = set(finished) & present
+            for new, sources, _ in merged:
+                if not all(sid in present for sid in sources):
+                    continue  # another pass merged them first
+                if new.created_ms < m.gc_floor_ms or now > new.created_ms + deadline_ms:
+                    continue  # too late: a collector may treat it as an orphan
+                drop.update(sources)
+                published.add(new.id)
+            out: list[SegmentMeta] = []
+            for sm in m.segments:
+                if sm.id not in drop:
+                    out.append(sm)
+            out.extend(new for new, _, _ in merged if new.id in published)
+            m.segments = out
+            m.gc_floor_ms = max(m.gc_floor_ms, floor)
+            return published
+
+        if not finished and not merged:
+            floor_only = self.engine.manifest_cell(queue).cached()
+            if floor_only is not None and floor_only.gc_floor_ms >= floor - 60_000:
+                return set()  # nothing to change; the floor is recent enough
+        published: set[str] = await self.engine.manifest_cell(queue).update(commit)
+        return published
+
+    # -- garbage collection ----------------------------------------------------------------
+    async def _collect(self, queue: str, report: Report) -> None:
+        m = self.engine.manifest_cell(queue).cached()
+        if m is None:
+            return
+        live = {sm.id for sm in m.segments}
+        await self._delete_old(
+            [f"{self.ns}/segments/{queue}/", f"{self.ns}/leases/{queue}/"],
+            lambda sid: sid not in live and _id_ms(sid) < m.gc_floor_ms,
+            report,
+        )
+
+    async def collect_deleted_queues(self) -> Report:
+        """Objects of queues whose manifest is gone, once older than the safety age."""
+        report = Report()
+        queues = set(await self.engine.list_queues())
+        for kind in ("segments", "leases"):
+            async for name in _children(self.store, f"{self.ns}/{kind}/"):
+                if name in queues:
+                    continue
+                await self._delete_old([f"{self.ns}/{kind}/{name}/"], lambda sid: True, report)
+        return report
+
+    async def _delete_old(self, prefixes: list[str], eligible: Callable[[str], bool],
+                          report: Report) -> None:
+        cutoff = time.time() - self.opts.safety_age
+        for prefix in prefixes:
+            async for info in list_all(self.store, prefix):
+                sid = info.key.rsplit("/", 1)[-1]
+                if info.last_modified > cutoff or not eligible(sid):
+                    continue
+                await self.store.delete(info.key)
+                report.objects_deleted += 1
+                report.bytes_reclaimed += info.size
+
+
+def _id_ms(segment_id: str) -> int:
+    try:
+        return segment_created_ms(segment_id)
+    except ValueError:
+        return 0
+
+
+async def _children(store: Store, prefix: str) -> AsyncIterator[str]:
+    """Distinct next path components under ``prefix``, one LIST per child (skip scan)."""
+    start: str | None = None
+    while True:
+        page = await store.list(prefix, start_after=start, limit=1)
+        if not page.items:
+            return
+        name = page.items[0].key[len(prefix):].split("/", 1)[0]
+        yield name
+        start = f"{prefix}{name}/\U0010ffff"
