@@ -41,6 +41,7 @@ from okq.model import (
     DEAD_PENDING,
     DONE,
     LEASED,
+    OUTPUTS_PENDING,
     WAITING,
     ItemState,
     LeaseObject,
@@ -99,14 +100,19 @@ class _Seg:
         return ((i, self.obj.items.get(i)) for i in range(self.meta.count))
 
     def live(self) -> int:
-        return sum(1 for _, st in self.states() if st is None or st.s == WAITING
-                   or st.s == LEASED or st.s == DEAD_PENDING)
+        return sum(1 for _, st in self.states()
+                   if st is None or st.s in (WAITING, LEASED, DEAD_PENDING, OUTPUTS_PENDING))
 
     def finished(self) -> bool:
         return all(st is not None and st.s in (DONE, DEAD) for _, st in self.states())
 
     def busy(self) -> bool:
-        return any(st is not None and st.s in (LEASED, DEAD_PENDING) for _, st in self.states())
+        return any(st is not None and st.s in (LEASED, DEAD_PENDING, OUTPUTS_PENDING)
+                   for _, st in self.states())
+
+    def stalled(self) -> list[int]:
+        return [i for i, st in self.states()
+                if st is not None and st.s in (DEAD_PENDING, OUTPUTS_PENDING)]
 
 
 class _SealRefused(OkqError):
@@ -129,7 +135,7 @@ class Compactor:
         began = time.monotonic()
         for queue in await self.engine.list_queues():
             try:
-                report.add(await self.compact_queue(queue))
+                report.add(await self.compact_queue(queue))  # .seconds is set below
             except ObjectNotFound:
                 continue  # deleted meanwhile
         report.add(await self.collect_deleted_queues())
@@ -139,7 +145,7 @@ class Compactor:
     # -- one queue -------------------------------------------------------------------
     async def compact_queue(self, queue: str) -> Report:
         report = Report(queues=1)
-        now_wall = time.monotonic()
+        now_wall = began = time.monotonic()
         if queue in self._last_pass:
             report.lag[queue] = now_wall - self._last_pass[queue]
         cell = self.engine.manifest_cell(queue)
@@ -147,6 +153,7 @@ class Compactor:
         if m is None:
             return report
         segs = [await self._walk(queue, sm) for sm in m.segments]
+        await self._help(queue, m.config, segs)
         await self._retention(queue, m.config, segs, report)
         groups = await self._seal_groups(queue, segs)
         merged = [await self._write_merged(queue, g) for g in groups]
@@ -161,6 +168,7 @@ class Compactor:
         self.engine.forget_segments(queue, [*finished, *(s for _, g, _ in merged for s in g)])
         await self._collect(queue, report)
         self._last_pass[queue] = now_wall
+        report.seconds = time.monotonic() - began
         return report
 
     async def _walk(self, queue: str, sm: SegmentMeta) -> _Seg:
@@ -172,6 +180,16 @@ class Compactor:
         if s.seg is None:
             s.seg = await self.engine.segment(queue, s.meta)
         return s.seg
+
+    async def _help(self, queue: str, cfg: QueueConfig, segs: list[_Seg]) -> None:
+        """Finish dead-letter moves and output publications that a node left half
+        done (a node helps too, but only on segments it walks)."""
+        for s in segs:
+            stalled = s.stalled()
+            for i in stalled:
+                await self.engine.help_stalled(queue, cfg, s.meta, i)
+            if stalled:
+                s.obj = self.engine.lease_cell(queue, s.meta.id).cached() or s.obj
 
     # -- retention -------------------------------------------------------------------
     async def _retention(self, queue: str, cfg: QueueConfig, segs: list[_Seg],
@@ -208,7 +226,7 @@ class Compactor:
             report.items_expired += len(expired)
             if to_dead:
                 for i in expired:
-                    await self.engine.finish_dead(queue, cfg, s.meta, i)
+                    await self.engine.help_stalled(queue, cfg, s.meta, i)
                 report.items_expired_to_dead += len(expired)
                 s.obj = cell.cached() or s.obj
 
@@ -250,7 +268,7 @@ class Compactor:
             return True
 
         def seal(obj: LeaseObject, now: int) -> None:
-            if any(st.s in (LEASED, DEAD_PENDING) for st in obj.items.values()):
+            if any(st.s in (LEASED, DEAD_PENDING, OUTPUTS_PENDING) for st in obj.items.values()):
                 raise _SealRefused("an item is in flight")
             obj.sealed = True
 

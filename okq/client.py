@@ -48,8 +48,10 @@ class Client:
         *,
         timeout: float = 60.0,
         session: aiohttp.ClientSession | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.api_key = api_key
         self.timeout = timeout
         self._session = session
         self._own = session is None
@@ -78,6 +80,8 @@ class Client:
         """POST a msgpack body to ``/v1/{path}``; parse the reply as ``model``."""
         data = msgpack.packb(body, use_bin_type=True, datetime=True)
         headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
         timeout = aiohttp.ClientTimeout(total=self.timeout + wait)
         try:
             async with self._http().post(f"{self.url}/v1/{path}", data=data, headers=headers,
@@ -118,6 +122,14 @@ class Client:
     async def complete(self, queue: str, tokens: Sequence[str]) -> int:
         body = {"queue_name": queue, "tokens": list(tokens)}
         return (await self.call("queue.complete", body, s.CompleteResponse)).completed
+
+    async def complete_and_produce(self, queue: str, token: str, out_queue: str,
+                                   items: Sequence[Item]) -> list[str]:
+        """Complete one delivery and produce ``items`` to ``out_queue`` in one step."""
+        body = {"queue_name": queue, "tokens": [token],
+                "outputs": {"queue_name": out_queue, "items": [_item(i) for i in items]}}
+        reply = await self.call("queue.complete", body, s.CompleteResponse)
+        return reply.output_ids or []
 
     async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
                     dead: bool = False, error: str | None = None) -> None:
@@ -187,12 +199,13 @@ def _error(status: int, body: Any, retry_after: str | None) -> OkqError:
 class SyncClient:
     """The same calls, blocking. One background event loop keeps connections alive."""
 
-    def __init__(self, url: str = "http://127.0.0.1:7878", *, timeout: float = 60.0) -> None:
+    def __init__(self, url: str = "http://127.0.0.1:7878", *, timeout: float = 60.0,
+                 api_key: str | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="okq-sync-client")
         self._thread.start()
-        self._client = Client(url, timeout=timeout)
+        self._client = Client(url, timeout=timeout, api_key=api_key)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

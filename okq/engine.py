@@ -29,6 +29,7 @@ from okq.errors import (
     LeaseLost,
     ObjectNotFound,
     OkqError,
+    PublishAborted,
     QueueExists,
     QueueNotFound,
     TooLarge,
@@ -44,7 +45,9 @@ from okq.keys import (
 )
 from okq.model import (
     DEAD_PENDING,
+    DONE,
     LEASED,
+    OUTPUTS_PENDING,
     LeaseObject,
     Manifest,
     QueueConfig,
@@ -141,7 +144,7 @@ class _Summary:
 
     ready: list[tuple[int, int]]  # (ready_ms, index) of items that can be leased
     inflight: bool
-    stalled_dead: list[tuple[int, int]]  # (since_ms, index) in DEAD_PENDING
+    stalled: list[tuple[int, int]]  # (since_ms, index) in DEAD_PENDING or OUTPUTS_PENDING
 
 
 @dataclass
@@ -444,9 +447,9 @@ class Engine:
                     next_ready = ready if next_ready is None else min(next_ready, ready)
                     break
                 cands.append((ready + penalty, sm.id, idx, self._fresh_ready(sm, idx)))
-            for since, idx in summary.stalled_dead:
+            for since, idx in summary.stalled:
                 if now - since > self.opts.dead_grace * 1000:
-                    await self._help_dead(q, m.config, sm, idx)
+                    await self._help_stalled(q, m.config, sm, idx)
         cands.sort()
         return cands[:n], next_ready
 
@@ -534,6 +537,64 @@ class Engine:
                 return
         v = st.v
         await cell.update(lambda o, now: tr.finish_dead(o, idx, v))
+
+    async def _help_stalled(self, q: _Queue, cfg: QueueConfig, sm: SegmentMeta,
+                            idx: int) -> None:
+        """Finish what a crashed node left half done on an item."""
+        obj = self._lease_cell(q, sm.id).cached()
+        st = obj.items.get(idx) if obj else None
+        if st is not None and st.s == DEAD_PENDING:
+            await self._help_dead(q, cfg, sm, idx)
+        elif st is not None and st.s == OUTPUTS_PENDING and st.out is not None:
+            await self._finish_outputs(q, sm.id, idx, st.v, st.out)
+
+    async def _finish_outputs(self, q: _Queue, segment: str, idx: int, v: int,
+                              out: list[Any]) -> None:
+        """Publish a completion's outputs segment, then mark the item DONE."""
+        outq = self._q(out[0])
+        try:
+            await outq.publisher.publish_written(SegmentMeta(*out[1:]))
+        except (QueueNotFound, ObjectNotFound, PublishAborted) as exc:
+            log.error("cannot publish outputs of %s to %s: %s",
+                      item_id(segment, idx), out[0], exc)
+            return
+        outq.wake.set()
+        await self._lease_cell(q, segment).update(
+            lambda o, now: tr.finish_outputs(o, idx, v)
+        )
+
+    async def complete_and_produce(
+        self, token: str, out_queue: str, items: Sequence[NewItem | bytes], *,
+        queue: str | None = None,
+    ) -> list[str]:
+        """Complete one delivery and produce ``items`` to ``out_queue`` in one step:
+        the outputs become visible if and only if the completion commits.
+
+        The outputs are written first as an unpublished segment; the completion
+        CAS records it in the item's tombstone (state P); then it is published and
+        the item becomes D. A crash after the completion is finished by any node
+        or compactor that walks past the P item. Returns the outputs' ids; a
+        retried call returns the ids of the first one's outputs.
+        """
+        d, q = self._delivery(token, queue=queue)
+        batch = [i if isinstance(i, NewItem) else NewItem(i) for i in items]
+        self._check_batch(len(batch), "outputs.items")
+        for n, item in enumerate(batch):
+            if len(item.payload) > self.opts.max_item_bytes:
+                raise TooLarge(f"outputs.items[{n}] is over {self.opts.max_item_bytes} bytes",
+                               field=f"outputs.items[{n}]")
+        outq = self._q(out_queue, "outputs.queue_name")
+        await self._manifest(outq, 60)
+        sm = await outq.publisher.write_segment(batch)
+        out = [out_queue, sm.id, sm.count, sm.created_ms, sm.size]
+        cell = self._lease_cell(q, d.segment)
+        recorded: list[Any] | None = await cell.update(
+            lambda o, now: tr.complete(o, d.index, d.v, now, out)
+        )
+        if recorded is None:
+            return []  # completed earlier without outputs
+        await self._finish_outputs(q, d.segment, d.index, d.v, recorded)
+        return [item_id(recorded[1], n) for n in range(recorded[2])]
 
     # -- token operations ------------------------------------------------------
     def _delivery(
@@ -636,10 +697,11 @@ class Engine:
     async def segment(self, queue: str, sm: SegmentMeta) -> Segment:
         return await self._segment(self._q(queue), sm)
 
-    async def finish_dead(self, queue: str, config: QueueConfig, sm: SegmentMeta,
-                          index: int) -> None:
-        """Move a DEAD_PENDING item to the dead-letter queue and mark it DEAD."""
-        await self._help_dead(self._q(queue), config, sm, index)
+    async def help_stalled(self, queue: str, config: QueueConfig, sm: SegmentMeta,
+                           index: int) -> None:
+        """Finish an item's half-done step: a dead-letter move (X -> Z) or the
+        publication of a completion's outputs (P -> D)."""
+        await self._help_stalled(self._q(queue), config, sm, index)
 
     def forget_segments(self, queue: str, segments: Sequence[str]) -> None:
         """Drop cached state of segments no longer in the manifest."""
@@ -746,7 +808,7 @@ class Engine:
                         s.scheduled += 1
                     else:
                         s.waiting_retry += 1
-                elif st is not None and st.s == "D":
+                elif st is not None and st.s in (DONE, OUTPUTS_PENDING):
                     s.completed += 1
                 else:
                     s.dead_lettered += 1
@@ -801,7 +863,7 @@ def _scan_order(m: Manifest) -> list[SegmentMeta]:
     return order
 
 
-def _completion(d: Delivery) -> Callable[[LeaseObject, int], None]:
+def _completion(d: Delivery) -> Callable[[LeaseObject, int], object]:
     return lambda obj, now: tr.complete(obj, d.index, d.v)
 
 
@@ -811,9 +873,9 @@ def _summarise(sm: SegmentMeta, seg: Segment | None, obj: LeaseObject) -> _Summa
     inflight = False
     for idx in range(sm.count):
         st = obj.items.get(idx)
-        if st is not None and st.s in (LEASED, DEAD_PENDING):
+        if st is not None and st.s in (LEASED, DEAD_PENDING, OUTPUTS_PENDING):
             inflight = True
-            if st.s == DEAD_PENDING:
+            if st.s != LEASED:
                 stalled.append((st.t, idx))
         fresh = fresh_ready_ms(sm, seg.items[idx]) if seg is not None and st is None else 0
         r = tr.ready_at(st, fresh)

@@ -15,6 +15,7 @@
     ├── QueueExists                create of a queue that exists              (HTTP 409)
     ├── LeaseLost                  stale, expired-and-released or finished lease (HTTP 409)
     ├── InvalidToken               forged, tampered or foreign lease token    (HTTP 400)
+    ├── Unauthorized               missing or wrong API key                   (HTTP 401)
     ├── TooLarge                   payload, batch or body over a limit        (HTTP 413)
     ├── Overloaded                 shed: retry after ``retry_after`` seconds  (HTTP 429)
     ├── PublishAborted             a produce missed its publish deadline or was fenced
@@ -106,6 +107,11 @@ class InvalidToken(OkqError):
     status = 400
 
 
+class Unauthorized(OkqError):
+    code = "unauthorized"
+    status = 401
+
+
 class TooLarge(OkqError):
     code = "too_large"
     status = 413
@@ -149,6 +155,7 @@ ALL_ERRORS: tuple[type[OkqError], ...] = (
     QueueExists,
     LeaseLost,
     InvalidToken,
+    Unauthorized,
     TooLarge,
     Overloaded,
     PublishAborted,

@@ -119,6 +119,7 @@ WAITING = "W"  # t = ready time (retried)
 DONE = "D"  # completed: a tombstone
 DEAD_PENDING = "X"  # being moved to the dead-letter queue; t = when that began
 DEAD = "Z"  # moved to the dead-letter queue (or dropped: no dead queue)
+OUTPUTS_PENDING = "P"  # completed; its outputs segment is being published; t = since
 
 
 @dataclass(slots=True)
@@ -128,13 +129,16 @@ class ItemState:
     attempts: int
     t: int
     err: str | None = None
+    # For a completion that produced outputs: [queue, segment id, count, created_ms, size]
+    out: list[Any] | None = None
 
     def pack(self) -> list[Any]:
-        return [self.s, self.v, self.attempts, self.t, self.err]
+        packed = [self.s, self.v, self.attempts, self.t, self.err]
+        return packed if self.out is None else [*packed, self.out]
 
     @classmethod
     def unpack(cls, raw: list[Any]) -> ItemState:
-        return cls(raw[0], raw[1], raw[2], raw[3], raw[4])
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5] if len(raw) > 5 else None)
 
 
 @dataclass(slots=True)

@@ -145,10 +145,8 @@ class Publisher:
             return [i or "" for i in ids]
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
 
-    async def _publish_segment(
-        self, items: list[NewItem], fresh: list[int], ids: list[str | None]
-    ) -> None:
-        """Write one segment of the ``fresh`` items and publish it; fills in ``ids``."""
+    async def write_segment(self, items: list[NewItem]) -> SegmentMeta:
+        """Write a segment of ``items``, create-only; it is invisible until published."""
         now = self.clock.now_ms()
         seg_id = new_segment_id(now)
         segment = Segment(
@@ -156,24 +154,31 @@ class Publisher:
             self.queue,
             now,
             now + self.publish_timeout_ms,
-            [SegmentItem(items[i].payload, items[i].enqueue_at_ms, items[i].meta) for i in fresh],
+            [SegmentItem(i.payload, i.enqueue_at_ms, i.meta) for i in items],
         )
         data = encode_segment(segment)
         await self._write_segment(segment_key(self.ns, self.queue, seg_id), data)
         self.segments_written += 1
+        return SegmentMeta(seg_id, len(items), now, len(data))
+
+    async def _publish_segment(
+        self, items: list[NewItem], fresh: list[int], ids: list[str | None]
+    ) -> None:
+        """Write one segment of the ``fresh`` items and publish it; fills in ``ids``."""
+        meta = await self.write_segment([items[i] for i in fresh])
+        publish_by = meta.created_ms + self.publish_timeout_ms
         for n, i in enumerate(fresh):
-            ids[i] = item_id(seg_id, n)
+            ids[i] = item_id(meta.id, n)
         keys: dict[str, str] = {}
         for i in fresh:
             k, iid = items[i].key, ids[i]
             if k is not None and iid is not None:
                 keys[k] = iid
-        meta = SegmentMeta(seg_id, len(fresh), now, len(data))
 
         def publish(m: Manifest, now_ms: int) -> None:
-            if now_ms > segment.publish_by_ms:
+            if now_ms > publish_by:
                 raise PublishAborted("the produce missed its publish deadline; retry it")
-            if segment.created_ms < m.gc_floor_ms:
+            if meta.created_ms < m.gc_floor_ms:
                 raise PublishAborted("the segment fell behind the GC floor; retry the produce")
             if any(k in _known_keys(m, now_ms) for k in keys):
                 raise _Redo()
@@ -181,7 +186,25 @@ class Publisher:
             for k, iid in keys.items():
                 m.idem[k] = [iid, now_ms + self.idem_window_ms]
             m.segments.append(meta)
-            m.produced += len(fresh)
+            m.produced += meta.count
+
+        await self.manifest.update(publish)
+
+    async def publish_written(self, meta: SegmentMeta) -> None:
+        """Publish a segment written earlier whose publication is already decided
+        (a completion's outputs). Idempotent: a segment published before, or
+        recorded within the idempotency window, is not published again."""
+        marker = f"seg:{meta.id}"
+
+        def publish(m: Manifest, now_ms: int) -> None:
+            if marker in _known_keys(m, now_ms) or any(s.id == meta.id for s in m.segments):
+                return
+            if meta.created_ms < m.gc_floor_ms:
+                raise PublishAborted(f"outputs segment {meta.id} fell behind the GC floor")
+            _prune_idem(m, now_ms)
+            m.idem[marker] = [meta.id, now_ms + self.idem_window_ms]
+            m.segments.append(meta)
+            m.produced += meta.count
 
         await self.manifest.update(publish)
 

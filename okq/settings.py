@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     signing_keys_file: Path | None = Field(
         None, description="file with one signing key per line (instead of signing_keys)"
     )
+    api_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated API keys; when set, every /v1 call needs "
+        "'Authorization: Bearer KEY' (/health and /metrics stay open)",
+    )
     linger: float = Field(0.005, ge=0, le=1, description="seconds to gather a produce batch")
     max_item_bytes: int = Field(1 << 20, ge=1, le=64 << 20, description="largest item payload")
     max_batch: int = Field(1000, ge=1, le=10_000, description="most items per produce or lease")
@@ -80,6 +85,12 @@ class Settings(BaseSettings):
         if short:
             raise ValueError(f"signing key #{short[0] + 1} is shorter than 16 characters")
         return keys
+
+    def api_key_set(self) -> frozenset[str]:
+        if self.api_keys is None:
+            return frozenset()
+        return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",")
+                         if k.strip())
 
     def engine_options(self) -> EngineOptions:
         return EngineOptions(

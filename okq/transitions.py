@@ -7,6 +7,7 @@ names a delivery that is no longer current. No I/O and no clock reads here.
 An item's lifecycle inside its segment::
 
     fresh ──lease──▶ L(v+1) ──complete──▶ D
+      │               │  ├──complete with outputs──▶ P ──outputs published──▶ D
       ▲               │  ├──retry──────▶ W(ready=retry_at) ──lease──▶ L(v+2) ...
       │               │  ├──expiry (t passes) ≡ W(ready=deadline)
       │               │  └──retry dead / max attempts──▶ X ──moved to DLQ──▶ Z
@@ -21,6 +22,7 @@ without a change, so a client may safely retry a completion.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from okq.errors import LeaseLost
 from okq.model import (
@@ -28,6 +30,7 @@ from okq.model import (
     DEAD_PENDING,
     DONE,
     LEASED,
+    OUTPUTS_PENDING,
     WAITING,
     ItemState,
     LeaseObject,
@@ -105,6 +108,7 @@ def _describe(st: ItemState, v: int) -> str:
     return {
         WAITING: "waiting for a retry",
         DONE: "already completed",
+        OUTPUTS_PENDING: "already completed",
         DEAD_PENDING: "being dead-lettered",
         DEAD: "dead-lettered",
     }.get(st.s, st.s)
@@ -116,13 +120,30 @@ def renew(obj: LeaseObject, index: int, v: int, now: int, lease_ms: int) -> int:
     return st.t
 
 
-def complete(obj: LeaseObject, index: int, v: int) -> None:
-    """L(v) -> D. Completing the same delivery again is a no-op (a retried request)."""
+def complete(
+    obj: LeaseObject, index: int, v: int, now: int = 0, out: list[Any] | None = None
+) -> list[Any] | None:
+    """L(v) -> D, or -> P (outputs pending) when the completion produces ``out``.
+
+    Completing the same delivery again is a no-op (a retried request); the
+    outputs recorded by the first completion are returned.
+    """
     done = obj.items.get(index)
-    if done is not None and done.s == DONE and done.v == v:
-        return
+    if done is not None and done.s in (DONE, OUTPUTS_PENDING) and done.v == v:
+        return done.out
     st = current(obj, index, v)
-    obj.items[index] = ItemState(DONE, v, st.attempts, st.t, None)
+    if out is None:
+        obj.items[index] = ItemState(DONE, v, st.attempts, st.t, None)
+    else:
+        obj.items[index] = ItemState(OUTPUTS_PENDING, v, st.attempts, now, None, out)
+    return out
+
+
+def finish_outputs(obj: LeaseObject, index: int, v: int) -> None:
+    """P(v) -> D once the outputs segment is published."""
+    st = obj.items.get(index)
+    if st is not None and st.s == OUTPUTS_PENDING and st.v == v:
+        st.s = DONE
 
 
 def retry(

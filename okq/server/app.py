@@ -8,6 +8,7 @@ middleware mapping okq's exceptions to ``{code, message, details}`` bodies.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 import uuid
@@ -21,7 +22,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from okq.engine import BrowsedItem, Engine, LeasedItem, QueueInfo
-from okq.errors import InvalidRequest, OkqError, Overloaded, QueueNotFound, TooLarge
+from okq.errors import (
+    InvalidRequest,
+    OkqError,
+    Overloaded,
+    QueueNotFound,
+    TooLarge,
+    Unauthorized,
+)
 from okq.model import QueueConfig
 from okq.publisher import NewItem
 from okq.server import schemas as s
@@ -38,6 +46,7 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", CountingStore)
 WAITING = web.AppKey("waiting", Counter)  # long polls waiting, by queue
+API_KEYS = web.AppKey("api_keys", frozenset)
 
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -100,8 +109,21 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     return response
 
 
+def _authorize(request: web.Request) -> None:
+    keys = request.app[API_KEYS]
+    if not keys or not request.path.startswith("/v1/"):
+        return
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not any(
+        hmac.compare_digest(key.strip(), k) for k in keys
+    ):
+        raise Unauthorized("a valid API key is required: 'Authorization: Bearer KEY'")
+
+
 async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        _authorize(request)
         return await handler(request)
     except Overloaded as exc:
         retry_after = {"Retry-After": str(max(1, round(exc.retry_after)))}
@@ -208,11 +230,20 @@ async def renew(request: web.Request) -> web.Response:
 
 async def complete(request: web.Request) -> web.Response:
     body = await parse(request, s.CompleteRequest)
-    await request.app[ENGINE].complete(body.tokens, queue=body.queue_name)
+    engine = request.app[ENGINE]
+    output_ids = None
+    if body.outputs is not None:
+        items = [NewItem(i.payload(), ms(i.enqueue_at)) for i in body.outputs.items]
+        output_ids = await engine.complete_and_produce(
+            body.tokens[0], body.outputs.queue_name, items, queue=body.queue_name)
+        request.app[METRICS].items.labels("produced").inc(len(items))
+    else:
+        await engine.complete(body.tokens, queue=body.queue_name)
     request.app[METRICS].batch.labels("complete").observe(len(body.tokens))
     request.app[METRICS].items.labels("completed").inc(len(body.tokens))
     return respond(request, s.CompleteResponse(queue_name=body.queue_name,
-                                               completed=len(body.tokens)))
+                                               completed=len(body.tokens),
+                                               output_ids=output_ids))
 
 
 async def retry(request: web.Request) -> web.Response:
@@ -363,6 +394,7 @@ def create_app(settings: Settings, store: Store, *, clock: Any = None) -> web.Ap
     app[ENGINE] = engine
     app[METRICS] = Metrics()
     app[WAITING] = Counter()
+    app[API_KEYS] = settings.api_key_set()
     app[METRICS].watch(engine, counting)
     for path, handler, *_ in ROUTES:
         app.router.add_post(path, handler)

@@ -13,6 +13,7 @@ from okq.server import schemas as s
 
 ERRORS = {
     "400": "invalid input; details.field names the field",
+    "401": "missing or wrong API key (when the node has API keys)",
     "404": "unknown queue",
     "409": "lost or stale lease, or the queue exists",
     "413": "payload, batch or body too large",

@@ -126,14 +126,31 @@ class RenewResponse(Body):
     lease_deadline: datetime
 
 
+class Outputs(Body):
+    queue_name: QueueName = Field(description="the queue that receives the outputs")
+    items: list[ProduceItem] = Field(min_length=1)
+
+
 class CompleteRequest(Body):
     queue_name: QueueName
     tokens: list[str] = Field(min_length=1)
+    outputs: Outputs | None = Field(
+        None,
+        description="items to produce in the same step as the completion: they are "
+        "published if and only if the completion commits (one token only)",
+    )
+
+    @model_validator(mode="after")
+    def _one_token_with_outputs(self) -> CompleteRequest:
+        if self.outputs is not None and len(self.tokens) != 1:
+            raise ValueError("outputs need exactly one token")
+        return self
 
 
 class CompleteResponse(Body):
     queue_name: str
     completed: int
+    output_ids: list[str] | None = None
 
 
 class RetryItem(Body):

@@ -298,3 +298,47 @@ async def test_lease_cost_does_not_grow_with_backlog(store: Store, clock: Manual
     # engine holds (lease objects with leases are re-read after lease_state_max_age)
     assert max(costs) <= 5, costs
     assert max(costs[-10:]) <= max(costs[:10]), costs
+
+
+async def test_complete_and_produce_is_one_step(engine: Engine, store: Store,
+                                                clock: ManualClock) -> None:
+    await engine.create_queue("out")
+    await engine.produce("q", [b"in"])
+    (item,) = await engine.lease("q", 1)
+    ids = await engine.complete_and_produce(item.token, "out", [b"o1", b"o2"])
+    assert len(ids) == 2
+    assert await engine.complete_and_produce(item.token, "out", [b"o1", b"o2"]) == ids
+    got = await engine.lease("out", 10)
+    assert [i.payload for i in got] == [b"o1", b"o2"]  # published once
+    assert await engine.lease("q", 1) == []
+    # a stale delivery's outputs never appear
+    await engine.produce("q", [b"in2"])
+    (first,) = await engine.lease("q", 1)
+    clock.advance(11)
+    (second,) = await engine.lease("q", 1)
+    with pytest.raises(LeaseLost):
+        await engine.complete_and_produce(first.token, "out", [b"stale"])
+    await engine.complete_and_produce(second.token, "out", [b"fresh"])
+    assert [i.payload for i in await engine.lease("out", 10)] == [b"fresh"]
+
+
+async def test_outputs_of_a_crashed_completion_are_published_by_a_helper(
+    store: Store, clock: ManualClock
+) -> None:
+    from okq.store import FaultyStore, SimulatedCrash
+
+    faulty = FaultyStore(store)
+    crashing = make_engine(faulty, clock)
+    await crashing.create_queue("in")
+    await crashing.create_queue("out")
+    await crashing.produce("in", [b"job"])
+    (item,) = await crashing.lease("in", 1)
+    faulty.inject("put", "crash", key="/manifests/out")  # dies after the completion CAS
+    with pytest.raises(SimulatedCrash):
+        await crashing.complete_and_produce(item.token, "out", [b"result"])
+    helper = make_engine(store, clock)
+    assert await helper.lease("out", 10) == []  # not published yet
+    clock.advance(helper.opts.dead_grace + 1)
+    assert await helper.lease("in", 10) == []  # walking past it publishes the outputs
+    assert [i.payload for i in await helper.lease("out", 10)] == [b"result"]
+    assert (await helper.stats("in")).completed == 1
