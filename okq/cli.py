@@ -12,6 +12,7 @@ import click
 from aiohttp import web
 from pydantic import ValidationError
 
+from okq.commands import Ctx, register
 from okq.errors import OkqError
 from okq.settings import Settings
 from okq.store import open_store
@@ -33,10 +34,24 @@ def _settings_options(fn: Any) -> Any:
     return fn
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="okq")
-def main() -> None:
-    """okq: a durable message queue on object storage."""
+@click.option("--url", envvar="OKQ_URL", default="http://127.0.0.1:7878", show_default=True,
+              help="the node to talk to [env OKQ_URL]")
+@click.option("--api-key", envvar="OKQ_API_KEY", default=None,
+              help="API key, when the node requires one [env OKQ_API_KEY]")
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: machine-readable output for scripts")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="seconds to wait for the node")
+@click.pass_context
+def main(ctx: click.Context, url: str, api_key: str | None, output: str,
+         timeout: float) -> None:
+    """okq: a durable message queue on object storage.
+
+    `okq serve` runs a node; the other commands talk to one.
+    """
+    ctx.obj = Ctx(url, api_key, output, timeout)
 
 
 @main.command()
@@ -85,6 +100,9 @@ async def run_node(settings: Settings) -> None:
         logging.getLogger("okq").info("stopping: finishing in-flight requests")
     finally:
         await runner.cleanup()  # stop accepting, finish requests, flush batches
+
+
+register(main)  # the commands that talk to a node: okq/commands.py
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ from okq.tokens import Delivery, TokenSigner
 
 log = logging.getLogger("okq.engine")
 
+MAX_TIME_MS = 221_845_392_000_000  # 9000-01-01: far enough, and every time renders
+
 
 @dataclass
 class EngineOptions:
@@ -253,6 +255,8 @@ class Engine:
     async def _manifest(self, q: _Queue, max_age: float) -> Manifest:
         m = await q.manifest.read(int(max_age * 1000))
         if m is None:
+            if not q.publisher.pending_items() and self._queues.get(q.name) is q:
+                del self._queues[q.name]  # do not keep runtimes of unknown queues
             raise QueueNotFound(f"queue {q.name!r} does not exist", queue=q.name)
         return m
 
@@ -332,8 +336,11 @@ class Engine:
                 raise TooLarge(
                     f"items[{n}] is {len(item.payload)} bytes; the limit is "
                     f"{self.opts.max_item_bytes}",
-                    field=f"items[{n}].payload",
+                    field=f"items[{n}]",
                 )
+            if item.enqueue_at_ms is not None and not 0 <= item.enqueue_at_ms <= MAX_TIME_MS:
+                raise InvalidRequest(f"items[{n}].enqueue_at is out of range",
+                                     field=f"items[{n}].enqueue_at")
         q = self._q(queue)
         await self._manifest(q, 60)  # a missing queue fails before a segment is written
         try:
@@ -670,6 +677,8 @@ class Engine:
         """Release a delivery: ready again at ``retry_at`` (now by default), at the
         back of the line; or dead-lettered when ``dead`` or out of attempts."""
         d, q = self._delivery(token, field_name, queue)
+        if retry_at_ms is not None and not 0 <= retry_at_ms <= MAX_TIME_MS:
+            raise InvalidRequest("retry_at is out of range", field="retry_at")
         m = await self._manifest(q, self.opts.config_max_age)
         cfg = m.config
         err = error[:4096] if error else None

@@ -11,6 +11,7 @@
     │                              the start-up self-check found a store that
     │                              ignores If-Match / If-None-Match
     ├── InvalidRequest             bad input; ``field`` names the culprit     (HTTP 400)
+    │   └── UnsupportedMediaType   a body that is neither JSON nor msgpack    (HTTP 415)
     ├── QueueNotFound              no manifest for that queue                 (HTTP 404)
     ├── QueueExists                create of a queue that exists              (HTTP 409)
     ├── LeaseLost                  stale, expired-and-released or finished lease (HTTP 409)
@@ -85,6 +86,11 @@ class InvalidRequest(OkqError):
         self.field = field
 
 
+class UnsupportedMediaType(InvalidRequest):
+    code = "unsupported_media_type"
+    status = 415
+
+
 class QueueNotFound(OkqError):
     code = "queue_not_found"
     status = 404
@@ -151,6 +157,7 @@ ALL_ERRORS: tuple[type[OkqError], ...] = (
     ObjectNotFound,
     ConditionalWritesUnsupported,
     InvalidRequest,
+    UnsupportedMediaType,
     QueueNotFound,
     QueueExists,
     LeaseLost,

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from okq.engine import BrowsedItem, Engine, LeasedItem, QueueInfo
 from okq.errors import (
     InvalidRequest,
+    LeaseLost,
     OkqError,
     Overloaded,
     QueueNotFound,
@@ -79,9 +80,17 @@ async def parse(request: web.Request, model: type[M]) -> M:
         raise invalid(exc) from None
 
 
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """('items', 0, 'token') -> 'items[0].token', the form used in every message."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
 def invalid(exc: ValidationError) -> InvalidRequest:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "body"
+    where = field_path(err["loc"]) or "body"
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
@@ -144,7 +153,8 @@ async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-        return respond(request, error_body(code, exc.reason), exc.status)
+        keep = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return respond(request, error_body(code, exc.reason), exc.status, keep or None)
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -250,13 +260,26 @@ async def retry(request: web.Request) -> web.Response:
     body = await parse(request, s.RetryRequest)
     engine = request.app[ENGINE]
     engine.check_tokens([i.token for i in body.items], body.queue_name, "items[{n}].token")
-    done = 0
+    seen: dict[str, int] = {}
     for n, item in enumerate(body.items):
-        await engine.retry(item.token, retry_at_ms=ms(item.retry_at), dead=item.dead,
-                           error=item.error, queue=body.queue_name,
-                           field_name=f"items[{n}].token")
-        done += 1
+        if item.token in seen:
+            raise InvalidRequest(f"items[{n}].token repeats items[{seen[item.token]}].token",
+                                 field=f"items[{n}].token")
+        seen[item.token] = n
+    done = 0
+    failed: list[dict[str, Any]] = []
+    for n, item in enumerate(body.items):
+        try:
+            await engine.retry(item.token, retry_at_ms=ms(item.retry_at), dead=item.dead,
+                               error=item.error, queue=body.queue_name,
+                               field_name=f"items[{n}].token")
+            done += 1
+        except LeaseLost as exc:
+            failed.append({"index": n, "reason": exc.message})
     request.app[METRICS].items.labels("retried").inc(done)
+    if failed:
+        raise LeaseLost(f"{len(failed)} of {len(body.items)} retries refused: the lease was "
+                        f"lost; the other {done} landed", failed=failed)
     return respond(request, s.RetryResponse(queue_name=body.queue_name, retried=done))
 
 
@@ -279,12 +302,16 @@ async def purge(request: web.Request) -> web.Response:
 
 
 def _config(body: s.QueueSettings) -> dict[str, Any]:
-    return body.model_dump(exclude_unset=True, exclude={"name"})
+    """The settings given; null means 'the default' (create) or 'unchanged' (update)."""
+    return body.model_dump(exclude_unset=True, exclude_none=True, exclude={"name"})
 
 
 async def queues_create(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueCreate)
-    config = QueueConfig.model_validate(_config(body))
+    try:
+        config = QueueConfig.model_validate(_config(body))
+    except ValidationError as exc:
+        raise invalid(exc) from None
     info = await request.app[ENGINE].create_queue(body.name, config)
     return respond(request, _info(info), 201)
 

@@ -10,7 +10,7 @@ import msgpack
 from aiohttp import web
 from pydantic import BaseModel
 
-from okq.errors import InvalidRequest
+from okq.errors import InvalidRequest, UnsupportedMediaType
 
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 JSON = "application/json"
@@ -35,15 +35,20 @@ async def read_body(request: web.Request) -> dict[str, Any]:
                        "application/x-www-form-urlencoded"):
             body = json.loads(data)
         else:
-            raise InvalidRequest(
+            raise UnsupportedMediaType(
                 f"unsupported Content-Type {ctype!r}: use application/json or "
                 "application/msgpack", field="Content-Type",
             )
     except InvalidRequest:
         raise
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, RecursionError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as exc:
         kind = "msgpack" if ctype in MSGPACK_TYPES else "JSON"
-        raise InvalidRequest(f"the body is not valid {kind}: {exc}", field="body") from None
+        if isinstance(exc, RecursionError | msgpack.StackError):
+            reason = "nested too deeply"
+        else:
+            reason = str(exc) or type(exc).__name__
+        raise InvalidRequest(f"the body is not valid {kind}: {reason}", field="body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be an object", field="body")
     return body

@@ -11,10 +11,11 @@ from __future__ import annotations
 import base64
 import binascii
 import builtins
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -48,8 +49,35 @@ QueueName = Annotated[
 Seconds = Annotated[float, Field(ge=0.1, le=43_200, description="seconds")]
 
 
+MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_TIME = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def _time(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    if not MIN_TIME <= value <= MAX_TIME:
+        raise ValueError("must be between 1970-01-01 and 9000-01-01")
+    return value
+
+
+def _text(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode text (no lone surrogates)") from None
+    return value
+
+
+Time = Annotated[datetime, AfterValidator(_time)]
+Text = Annotated[str, AfterValidator(_text)]
+
+
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ErrorBody(Body):
@@ -60,8 +88,8 @@ class ErrorBody(Body):
 
 class ProduceItem(Body):
     bytes: Payload | None = Field(None, description="the payload (base64 in JSON)")
-    utf8: str | None = Field(None, description="the payload as text, instead of bytes")
-    enqueue_at: datetime | None = Field(None, description="deliver no earlier than this")
+    utf8: Text | None = Field(None, description="the payload as text, instead of bytes")
+    enqueue_at: Time | None = Field(None, description="deliver no earlier than this")
     key: str | None = Field(
         None, min_length=1, max_length=256,
         description="producer idempotency key: a retried produce with the same key "
@@ -93,7 +121,9 @@ class LeaseRequest(Body):
     batch_size: int = Field(1, ge=1, description="most items to lease")
     lease_timeout: Seconds | None = Field(None, description="default: the queue's")
     request_timeout: float = Field(
-        0, ge=0, description="long poll: seconds to wait for items when none are ready"
+        0, ge=0, le=3600,
+        description="long poll: seconds to wait for items when none are ready (at most the "
+        "node's --max-wait)",
     )
     client_id: str | None = Field(None, max_length=256, description="for logs only")
 
@@ -155,7 +185,7 @@ class CompleteResponse(Body):
 
 class RetryItem(Body):
     token: str
-    retry_at: datetime | None = Field(None, description="ready again at this time (default now)")
+    retry_at: Time | None = Field(None, description="ready again at this time (default now)")
     dead: bool = Field(False, description="move to the dead-letter queue instead")
     error: str | None = Field(None, max_length=4096, description="kept as the last error")
 

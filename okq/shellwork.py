@@ -1,0 +1,231 @@
+"""``okq work``: turn any shell command into a worker.
+
+Each leased item's payload goes to the command's stdin. While it runs, the
+lease is renewed at half its timeout. Exit 0 completes the item and, with an
+output queue, produces each non-empty stdout line to it in the same step (the
+outputs appear if and only if the completion commits). A non-zero exit
+retries the item after a backoff, recording the tail of stderr as its error;
+the queue's max_attempts then dead-letters it. Output that is too large goes
+straight to the dead-letter queue with the reason. On SIGTERM or SIGINT the
+worker stops leasing, lets running commands finish for up to ``grace``
+seconds, then terminates them and releases their items.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from okq.client import Client
+from okq.errors import LeaseLost, OkqError
+from okq.server.schemas import LeasedItemOut
+
+log = logging.getLogger("okq.work")
+
+STDERR_TAIL = 2048
+
+
+@dataclass
+class WorkOptions:
+    queue: str
+    out_queue: str | None
+    argv: list[str]
+    shell: bool = False
+    concurrency: int = 1
+    lease_timeout: float = 60.0
+    poll: float = 10.0
+    backoff_base: float = 1.0
+    backoff_max: float = 300.0
+    grace: float = 30.0
+    max_output_lines: int = 1000
+    max_line_bytes: int = 1 << 20
+    max_output_bytes: int = 4 << 20
+    limit: int | None = None  # stop after this many items (for scripts and tests)
+
+
+@dataclass
+class WorkStats:
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    released: int = 0
+    outputs: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class ShellWorker:
+    def __init__(self, client: Client, options: WorkOptions) -> None:
+        self.client = client
+        self.o = options
+        self.stats = WorkStats()
+        self._stopping = asyncio.Event()
+        self._killing = asyncio.Event()
+        self._taken = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    async def run(self) -> WorkStats:
+        slots = [asyncio.create_task(self._slot()) for _ in range(self.o.concurrency)]
+        stopper = asyncio.create_task(self._grace_timer())
+        try:
+            await asyncio.gather(*slots)
+        finally:
+            stopper.cancel()
+        return self.stats
+
+    async def _grace_timer(self) -> None:
+        await self._stopping.wait()
+        await asyncio.sleep(self.o.grace)
+        self._killing.set()
+
+    def _want_more(self) -> bool:
+        if self._stopping.is_set():
+            return False
+        return self.o.limit is None or self._taken < self.o.limit
+
+    async def _slot(self) -> None:
+        while self._want_more():
+            item = await self._lease()
+            if item is None:
+                continue
+            self._taken += 1
+            await self._handle(item)
+
+    async def _lease(self) -> LeasedItemOut | None:
+        lease = asyncio.ensure_future(self.client.lease(
+            self.o.queue, 1, lease_timeout=self.o.lease_timeout, request_timeout=self.o.poll))
+        stop = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({lease, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        try:
+            items = await lease
+        except OkqError as exc:
+            log.warning("lease from %s failed: %s", self.o.queue, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), 1 + random.random())
+            return None
+        if items and self._stopping.is_set():  # leased as we were told to stop
+            await self._release(items[0], "worker stopping")
+            return None
+        return items[0] if items else None
+
+    async def _handle(self, item: LeasedItemOut) -> None:
+        renewer = asyncio.create_task(self._renew(item))
+        try:
+            result = await self._run_command(item)
+        finally:
+            renewer.cancel()
+        if result is None:
+            await self._release(item, "worker stopped before the command finished")
+            return
+        code, stdout, stderr = result
+        if code != 0:
+            tail = stderr[-STDERR_TAIL:].decode(errors="replace").strip()
+            await self._retry(item, f"exit {code}: {tail}" if tail else f"exit {code}")
+            return
+        await self._succeed(item, stdout)
+
+    async def _run_command(self, item: LeasedItemOut) -> tuple[int, bytes, bytes] | None:
+        if self.o.shell:
+            proc = await asyncio.create_subprocess_shell(
+                self.o.argv[0], stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                *self.o.argv, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        talk = asyncio.ensure_future(proc.communicate(item.bytes))
+        kill = asyncio.ensure_future(self._killing.wait())
+        await asyncio.wait({talk, kill}, return_when=asyncio.FIRST_COMPLETED)
+        kill.cancel()
+        if not talk.done():
+            proc.terminate()
+            try:
+                await asyncio.wait_for(talk, 5)
+            except TimeoutError:
+                proc.kill()
+                await talk
+            return None
+        stdout, stderr = talk.result()
+        return proc.returncode or 0, stdout, stderr
+
+    def _outputs(self, stdout: bytes) -> list[bytes] | str:
+        """Output lines, or the reason they cannot be produced."""
+        lines = [line for line in stdout.splitlines() if line.strip()]
+        if len(lines) > self.o.max_output_lines:
+            return f"output has {len(lines)} lines; the limit is {self.o.max_output_lines}"
+        if len(stdout) > self.o.max_output_bytes:
+            return f"output is {len(stdout)} bytes; the limit is {self.o.max_output_bytes}"
+        long = next((n for n, line in enumerate(lines) if len(line) > self.o.max_line_bytes),
+                    None)
+        if long is not None:
+            return f"output line {long + 1} is over {self.o.max_line_bytes} bytes"
+        return lines
+
+    async def _succeed(self, item: LeasedItemOut, stdout: bytes) -> None:
+        try:
+            if self.o.out_queue is None:
+                await self.client.complete(self.o.queue, [item.token])
+                self.stats.completed += 1
+                return
+            lines = self._outputs(stdout)
+            if isinstance(lines, str):
+                await self.client.retry(self.o.queue, item.token, dead=True,
+                                        error=f"invalid output: {lines}")
+                self.stats.dead += 1
+                return
+            if lines:
+                await self.client.complete_and_produce(self.o.queue, item.token,
+                                                       self.o.out_queue, lines)
+            else:
+                await self.client.complete(self.o.queue, [item.token])
+            self.stats.completed += 1
+            self.stats.outputs += len(lines)
+        except LeaseLost:
+            log.warning("lease of %s was lost before completion; it will be redelivered",
+                        item.id)
+        except OkqError as exc:
+            self.stats.errors.append(str(exc))
+            log.error("completing %s failed: %s", item.id, exc)
+
+    async def _retry(self, item: LeasedItemOut, error: str) -> None:
+        delay = min(self.o.backoff_max, self.o.backoff_base * 2 ** (item.attempts - 1))
+        delay *= 0.5 + random.random() / 2
+        retry_at = datetime.now(UTC) + timedelta(seconds=delay)
+        try:
+            await self.client.retry(self.o.queue, item.token, retry_at=retry_at, error=error)
+            self.stats.retried += 1
+        except LeaseLost:
+            pass
+        except OkqError as exc:
+            self.stats.errors.append(str(exc))
+
+    async def _release(self, item: LeasedItemOut, why: str) -> None:
+        try:
+            await self.client.retry(self.o.queue, item.token, error=why)
+            self.stats.released += 1
+        except OkqError as exc:
+            log.warning("releasing %s failed: %s; it returns when its lease expires",
+                        item.id, exc)
+
+    async def _renew(self, item: LeasedItemOut) -> None:
+        while True:
+            await asyncio.sleep(self.o.lease_timeout / 2)
+            try:
+                await self.client.renew(self.o.queue, item.token, self.o.lease_timeout)
+            except LeaseLost:
+                log.warning("lease of %s was lost while its command ran", item.id)
+                return
+            except OkqError as exc:
+                log.warning("renewing %s failed: %s", item.id, exc)
