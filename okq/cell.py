@@ -6,7 +6,8 @@ was in flight and applies them all in one compare-and-swap (group commit).
 
 A change is a function ``fn(obj, now) -> result`` that mutates a freshly decoded
 copy of the object; it may raise an :class:`~okq.errors.OkqError` to refuse
-itself, which fails that change alone. On CASConflict the cell re-reads and
+itself, which fails that change alone (it must raise before it mutates
+anything: the transitions in okq/transitions.py check first, then write). On CASConflict the cell re-reads and
 re-applies the whole batch. On any other StorageError the write is ambiguous:
 the cell re-reads and checks for its own nonce, so a landed write is never
 applied twice.
@@ -89,7 +90,8 @@ class Cell(Generic[T]):
 
     def cached(self) -> T | None:
         if self.data is None:
-            return self.initial() if self.initial is not None and self.fetched_ms else None
+            known_absent = self.fetched_ms is not None
+            return self.initial() if self.initial is not None and known_absent else None
         return self.decode(self.data)
 
     def forget(self) -> None:

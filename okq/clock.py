@@ -28,7 +28,7 @@ class ManualClock:
         return self.t
 
     def advance(self, seconds: float) -> None:
-        self.t += int(seconds * 1000)
+        self.t += round(seconds * 1000)
 
 
 class OffsetClock:

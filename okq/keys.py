@@ -21,12 +21,12 @@ import secrets
 
 from okq.errors import InvalidRequest
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SEGMENT_RE = re.compile(r"^[0-9a-f]{12}-[0-9a-f]{10}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SEGMENT_RE = re.compile(r"[0-9a-f]{12}-[0-9a-f]{10}")
 
 
 def check_name(value: str, field: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise InvalidRequest(
             f"{field} must be 1-128 characters of letters, digits, '.', '_' or '-', "
             f"starting with a letter or digit; got {value!r}",
@@ -65,6 +65,6 @@ def item_id(segment: str, index: int) -> str:
 
 def parse_item_id(value: str, field: str = "id") -> tuple[str, int]:
     seg, _, idx = value.rpartition(".")
-    if not SEGMENT_RE.match(seg) or not idx.isdigit():
+    if not SEGMENT_RE.fullmatch(seg) or not (idx.isascii() and idx.isdigit()):
         raise InvalidRequest(f"{field} is not an okq item id: {value!r}", field=field)
     return seg, int(idx)

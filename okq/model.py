@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from okq.errors import FormatError
+from okq.errors import FormatError, OkqError
 from okq.keys import check_name
 
 FORMAT_VERSION = 1
@@ -167,7 +167,7 @@ def _unpack(kind: str, data: bytes) -> dict[str, Any]:
         raise FormatError(f"undecodable {kind} object: {exc}", data=data) from exc
     if not isinstance(raw, dict) or raw.get("f") != kind:
         raise FormatError(f"expected a {kind} object", data=data)
-    if raw.get("v") != FORMAT_VERSION:
+    if type(raw.get("v")) is not int or raw.get("v") != FORMAT_VERSION:
         raise FormatError(f"unsupported {kind} format version {raw.get('v')!r}", data=data)
     return raw
 
@@ -203,7 +203,7 @@ def decode_manifest(data: bytes) -> Manifest:
             ver=raw["ver"],
             nonce=raw["nonce"],
         )
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, OkqError) as exc:
         raise FormatError(f"malformed manifest: {exc}", data=data) from exc
 
 
@@ -228,10 +228,18 @@ def encode_segment(s: Segment) -> bytes:
 def decode_segment(data: bytes) -> Segment:
     raw = _unpack("segment", data)
     try:
-        items = [SegmentItem(*fields) for fields in raw["items"]]
+        items = [_segment_item(fields) for fields in raw["items"]]
         return Segment(raw["id"], raw["queue"], raw["created"], raw["publish_by"], items)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise FormatError(f"malformed segment: {exc}", data=data) from exc
+
+
+def _segment_item(fields: Any) -> SegmentItem:
+    if not isinstance(fields, list) or not 3 <= len(fields) <= 4:
+        raise ValueError(f"a segment item is a list of 3 or 4 fields, not {fields!r:.40}")
+    if not isinstance(fields[0], bytes):
+        raise TypeError("a segment item's payload must be bytes")
+    return SegmentItem(*fields)
 
 
 def encode_lease(o: LeaseObject) -> bytes:
@@ -251,6 +259,7 @@ def decode_lease(data: bytes) -> LeaseObject:
     raw = _unpack("lease", data)
     try:
         items = {int(i): ItemState.unpack(st) for i, st in raw["items"].items()}
-        return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"], raw["sealed"])
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"],
+                           bool(raw.get("sealed", False)))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise FormatError(f"malformed lease object: {exc}", data=data) from exc

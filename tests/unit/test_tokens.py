@@ -1,0 +1,231 @@
+"""Lease tokens (okq/tokens.py): signing, verification, tampering and key rotation."""
+
+from __future__ import annotations
+
+import base64
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from okq.errors import InvalidToken
+from okq.tokens import Delivery, TokenSigner, key_id
+
+K1 = b"k1" * 16
+K2 = b"k2" * 16
+D = Delivery("ns", "orders", "018b5e3c2a00-0123456789", 17, 3)
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def refused(signer: TokenSigner, token: object, namespace: str = "ns") -> InvalidToken:
+    with pytest.raises(InvalidToken) as info:
+        signer.verify(token, namespace)  # type: ignore[arg-type]
+    assert info.value.message
+    assert info.value.details["field"] == "token"
+    assert info.value.code == "invalid_token" and info.value.status == 400
+    return info.value
+
+
+def test_round_trip() -> None:
+    s = TokenSigner([K1])
+    token = s.sign(D)
+    assert isinstance(token, str) and token.count(".") == 1
+    assert s.verify(token, "ns") == D
+
+
+@given(
+    ns=st.text(min_size=1, max_size=30),
+    queue=st.text(max_size=30),
+    segment=st.text(max_size=30),
+    index=st.integers(0, 2**63 - 1),
+    v=st.integers(0, 2**63 - 1),
+)
+def test_round_trip_any_delivery(ns: str, queue: str, segment: str, index: int, v: int) -> None:
+    s = TokenSigner([K1])
+    d = Delivery(ns, queue, segment, index, v)
+    token = s.sign(d)
+    assert all(c.isascii() and (c.isalnum() or c in "-_.") for c in token)
+    assert s.verify(token, ns) == d
+
+
+def test_field_name_is_used_in_errors() -> None:
+    err = TokenSigner([K1])
+    with pytest.raises(InvalidToken, match=r"^receipt ") as info:
+        err.verify("junk", "ns", field="receipt")
+    assert info.value.details["field"] == "receipt"
+
+
+def test_tampered_body_is_refused() -> None:
+    s = TokenSigner([K1])
+    body, mac = s.sign(D).split(".")
+    fields = msgpack.unpackb(unb64(body))
+    fields[5] = D.v + 1  # claim the next delivery
+    forged = f"{b64(msgpack.packb(fields))}.{mac}"
+    assert "bad signature" in refused(s, forged).message
+
+
+def test_tampered_mac_is_refused() -> None:
+    s = TokenSigner([K1])
+    body, mac = s.sign(D).split(".")
+    raw = bytearray(unb64(mac))
+    raw[0] ^= 1
+    assert "bad signature" in refused(s, f"{body}.{b64(bytes(raw))}").message
+
+
+@pytest.mark.parametrize("cut", ["mac", "body", "dot"])
+def test_truncated_token_is_refused(cut: str) -> None:
+    s = TokenSigner([K1])
+    token = s.sign(D)
+    body, mac = token.split(".")
+    variant = {
+        "mac": f"{body}.{mac[:-4]}",
+        "body": f"{body[:-4]}.{mac}",
+        "dot": body,
+    }[cut]
+    refused(s, variant)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        ".",
+        "..",
+        "a.b.c",
+        "not a token",
+        "é.é",
+        "!!!.???",
+        "AAAA.AAAA",
+        b64(msgpack.packb([1, 2, 3])) + "." + b64(b"x" * 16),
+        b64(msgpack.packb({"kid": 1})) + "." + b64(b"x" * 16),
+        b64(b"\xc1") + "." + b64(b"x" * 16),
+    ],
+)
+def test_garbage_is_refused(garbage: str) -> None:
+    assert "not an okq lease token" in refused(TokenSigner([K1]), garbage).message
+
+
+@pytest.mark.parametrize("garbage", [None, 5, b"a.b"])
+def test_non_string_is_refused(garbage: object) -> None:
+    refused(TokenSigner([K1]), garbage)
+
+
+def test_other_namespace_is_refused() -> None:
+    s = TokenSigner([K1])
+    assert "another namespace" in refused(s, s.sign(D), namespace="other").message
+
+
+def test_unknown_key_is_refused() -> None:
+    token = TokenSigner([K2]).sign(D)
+    assert "unknown key" in refused(TokenSigner([K1]), token).message
+
+
+def test_kid_of_a_wrong_type_is_refused() -> None:
+    s = TokenSigner([K1])
+    body = msgpack.packb(["kid-as-text", "ns", "q", "s", 0, 1])
+    assert "unknown key" in refused(s, f"{b64(body)}.{b64(b'x' * 16)}").message
+
+
+def test_well_signed_but_malformed_fields_are_refused() -> None:
+    s = TokenSigner([K1])
+    body = msgpack.packb([key_id(K1), "ns", "q", "s", "zero", 1])
+    token = f"{b64(body)}.{b64(s._mac(K1, body))}"
+    assert "malformed" in refused(s, token).message
+
+
+def test_key_rotation() -> None:
+    old = TokenSigner([K1])
+    old_token = old.sign(D)
+    rotated = TokenSigner([K2, K1])  # new key first: it signs, both verify
+    new_token = rotated.sign(D)
+    assert new_token != old_token
+    assert rotated.verify(old_token, "ns") == D
+    assert rotated.verify(new_token, "ns") == D
+    assert "unknown key" in refused(old, new_token).message  # not yet rotated
+    dropped = TokenSigner([K2])  # old key dropped: its tokens are refused
+    assert dropped.verify(new_token, "ns") == D
+    assert "unknown key" in refused(dropped, old_token).message
+
+
+def test_signing_uses_the_first_key() -> None:
+    token = TokenSigner([K2, K1]).sign(D)
+    kid = msgpack.unpackb(unb64(token.split(".")[0]))[0]
+    assert kid == key_id(K2)
+
+
+@pytest.mark.parametrize("keys", [[b""], [b"x" * 15], [K1, b"short"]])
+def test_short_keys_are_refused(keys: list[bytes]) -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        TokenSigner(keys)
+
+
+def test_sixteen_byte_key_is_enough() -> None:
+    s = TokenSigner([b"x" * 16])
+    assert s.verify(s.sign(D), "ns") == D
+
+
+def test_no_keys_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        TokenSigner([])
+
+
+# Every character a token could be edited to, including base64 padding and the
+# standard alphabet's '+' and '/', which the decoder silently handles.
+EDIT_CHARS = st.sampled_from(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+/=.!~ \n\x00é"
+)
+SIGNER = TokenSigner([K2, K1])
+TOKENS = [SIGNER.sign(D), TokenSigner([K1]).sign(Delivery("ns", "q", "s", 0, 1))]
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.integers(0, len(TOKENS) - 1), data=st.data(), new=EDIT_CHARS)
+def test_single_character_change_never_names_another_delivery(
+    which: int, data: st.DataObject, new: str
+) -> None:
+    token = TOKENS[which]
+    original = SIGNER.verify(token, "ns")
+    pos = data.draw(st.integers(0, len(token) - 1), label="pos")
+    edited = token[:pos] + new + token[pos + 1 :]
+    try:
+        got = SIGNER.verify(edited, "ns")
+    except InvalidToken as exc:
+        assert exc.message
+        return
+    assert got == original
+
+
+def test_no_single_character_change_of_a_token_verifies() -> None:
+    """The exhaustive version of the property above: tokens are canonical base64url,
+    so not even the padding bits of a last character or the standard alphabet's
+    twins ('+' for '-', '/' for '_') give a second spelling of the same token."""
+    for token in TOKENS:
+        for pos in range(len(token)):
+            for new in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+/=.":
+                if new == token[pos]:
+                    continue
+                edited = token[:pos] + new + token[pos + 1 :]
+                with pytest.raises(InvalidToken):
+                    SIGNER.verify(edited, "ns")
+
+
+@pytest.mark.parametrize("where", ["body", "mac"])
+def test_padded_spellings_are_refused(where: str) -> None:
+    body, mac = SIGNER.sign(D).split(".")
+    variant = f"{body}==.{mac}" if where == "body" else f"{body}.{mac}=="
+    refused(SIGNER, variant)
+
+
+def test_standard_alphabet_spelling_is_refused() -> None:
+    tokens = (SIGNER.sign(Delivery("ns", "q", "s", 0, v)) for v in range(1000))
+    token = next(t for t in tokens if "-" in t or "_" in t)
+    assert SIGNER.verify(token, "ns")
+    refused(SIGNER, token.replace("-", "+").replace("_", "/"))

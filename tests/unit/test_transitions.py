@@ -1,0 +1,543 @@
+"""The item state machine of okq/transitions.py, one transition at a time."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from okq import transitions as tr
+from okq.errors import LeaseLost
+from okq.model import (
+    DEAD,
+    DEAD_PENDING,
+    DONE,
+    LEASED,
+    OUTPUTS_PENDING,
+    WAITING,
+    ItemState,
+    LeaseObject,
+)
+
+NOW = 1_700_000_000_000
+LEASE_MS = 30_000
+
+
+def leased_obj(index: int = 0, now: int = NOW, max_attempts: int = 0) -> tuple[LeaseObject, int]:
+    """A lease object whose item ``index`` is leased (fresh -> L); returns (obj, v)."""
+    obj = LeaseObject("seg")
+    got, dead = tr.lease(obj, [(index, now)], now, LEASE_MS, max_attempts)
+    assert dead == [] and len(got) == 1
+    return obj, got[0].v
+
+
+# -- fresh -> L ----------------------------------------------------------------
+
+
+def test_fresh_item_is_leased() -> None:
+    obj = LeaseObject("seg")
+    got, dead = tr.lease(obj, [(3, NOW)], NOW, LEASE_MS, 0)
+    assert dead == []
+    assert got == [tr.Leased(index=3, v=1, attempts=1, deadline_ms=NOW + LEASE_MS)]
+    assert obj.items[3] == ItemState(LEASED, 1, 1, NOW + LEASE_MS, None)
+
+
+def test_lease_takes_several_items_at_once() -> None:
+    obj = LeaseObject("seg")
+    got, _ = tr.lease(obj, [(0, NOW), (1, NOW - 5), (2, NOW)], NOW, LEASE_MS, 0)
+    assert [g.index for g in got] == [0, 1, 2]
+    assert all(obj.items[i].s == LEASED for i in range(3))
+
+
+def test_scheduled_item_is_not_leased_before_its_time() -> None:
+    obj = LeaseObject("seg")
+    got, dead = tr.lease(obj, [(0, NOW + 1)], NOW, LEASE_MS, 0)
+    assert (got, dead) == ([], [])
+    assert obj.items == {}
+    got, _ = tr.lease(obj, [(0, NOW + 1)], NOW + 1, LEASE_MS, 0)
+    assert [g.index for g in got] == [0]
+
+
+def test_lease_of_a_held_lease_is_a_noop() -> None:
+    obj, _ = leased_obj()
+    before = copy.deepcopy(obj)
+    got, dead = tr.lease(obj, [(0, NOW)], NOW + LEASE_MS - 1, LEASE_MS, 0)
+    assert (got, dead) == ([], [])
+    assert obj == before
+
+
+@pytest.mark.parametrize("state", [DONE, DEAD_PENDING, DEAD])
+def test_lease_of_a_finished_or_moving_item_is_a_noop(state: str) -> None:
+    obj = LeaseObject("seg", {0: ItemState(state, 4, 2, NOW - 10, "boom")})
+    before = copy.deepcopy(obj)
+    got, dead = tr.lease(obj, [(0, 0)], NOW + 10**9, LEASE_MS, 1)
+    assert (got, dead) == ([], [])
+    assert obj == before
+
+
+def test_lease_of_a_waiting_item_before_its_retry_time_is_a_noop() -> None:
+    obj = LeaseObject("seg", {0: ItemState(WAITING, 2, 1, NOW + 100, "e")})
+    before = copy.deepcopy(obj)
+    assert tr.lease(obj, [(0, 0)], NOW + 99, LEASE_MS, 0) == ([], [])
+    assert obj == before
+
+
+# -- L -> D --------------------------------------------------------------------
+
+
+def test_complete_marks_done_and_keeps_v_and_attempts() -> None:
+    obj, v = leased_obj()
+    tr.complete(obj, 0, v)
+    assert obj.items[0] == ItemState(DONE, v, 1, NOW + LEASE_MS, None)
+    assert tr.is_finished(obj.items[0])
+    assert tr.ready_at(obj.items[0], 0) is None
+
+
+def test_completing_the_same_delivery_again_is_a_noop() -> None:
+    obj, v = leased_obj()
+    tr.complete(obj, 0, v)
+    before = copy.deepcopy(obj)
+    tr.complete(obj, 0, v)  # a retried request
+    assert obj == before
+
+
+@pytest.mark.parametrize("other_v", [0, 2])
+def test_completing_a_done_item_with_another_v_is_refused(other_v: int) -> None:
+    obj, v = leased_obj()
+    assert v == 1
+    tr.complete(obj, 0, v)
+    before = copy.deepcopy(obj)
+    with pytest.raises(LeaseLost):
+        tr.complete(obj, 0, other_v)
+    assert obj == before
+
+
+def test_complete_after_expiry_but_not_released_succeeds() -> None:
+    obj, v = leased_obj()
+    # nobody leased it again: the expired delivery is still the current one
+    tr.complete(obj, 0, v)
+    assert obj.items[0].s == DONE
+
+
+# -- L -> P -> D (completion with outputs) ----------------------------------------
+
+OUT = ["orders-out", "018b5e3c2a00-0123456789", 2, NOW, 64]
+
+
+def test_complete_with_outputs_goes_to_outputs_pending() -> None:
+    obj, v = leased_obj()
+    assert tr.complete(obj, 0, v, NOW + 3, OUT) == OUT
+    assert obj.items[0] == ItemState(OUTPUTS_PENDING, v, 1, NOW + 3, None, OUT)
+    assert not tr.is_finished(obj.items[0])
+    assert tr.ready_at(obj.items[0], 0) is None
+    assert tr.lease(obj, [(0, 0)], NOW + 10**9, LEASE_MS, 0) == ([], [])
+
+
+def test_finish_outputs_with_matching_v_moves_p_to_d() -> None:
+    obj, v = leased_obj()
+    tr.complete(obj, 0, v, NOW + 3, OUT)
+    tr.finish_outputs(obj, 0, v)
+    assert obj.items[0].s == DONE and obj.items[0].v == v
+    assert obj.items[0].out == OUT
+    assert tr.is_finished(obj.items[0])
+
+
+@pytest.mark.parametrize(
+    "st_",
+    [
+        None,
+        ItemState(OUTPUTS_PENDING, 2, 1, NOW, None, OUT),
+        ItemState(LEASED, 1, 1, NOW, None),
+        ItemState(DONE, 1, 1, NOW, None),
+        ItemState(DEAD_PENDING, 1, 1, NOW, None),
+    ],
+)
+def test_finish_outputs_only_acts_on_p_with_matching_v(st_: ItemState | None) -> None:
+    obj = LeaseObject("seg", {} if st_ is None else {0: st_})
+    before = copy.deepcopy(obj)
+    tr.finish_outputs(obj, 0, 1)
+    assert obj == before
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_completing_with_outputs_again_returns_the_first_outputs(finished: bool) -> None:
+    obj, v = leased_obj()
+    tr.complete(obj, 0, v, NOW + 3, OUT)
+    if finished:
+        tr.finish_outputs(obj, 0, v)
+    before = copy.deepcopy(obj)
+    assert tr.complete(obj, 0, v, NOW + 9, ["other", "x", 1, 1, 1]) == OUT
+    assert tr.complete(obj, 0, v) == OUT
+    assert obj == before
+
+
+def test_plain_completion_again_returns_no_outputs() -> None:
+    obj, v = leased_obj()
+    assert tr.complete(obj, 0, v) is None
+    assert tr.complete(obj, 0, v, NOW, OUT) is None
+    assert obj.items[0].s == DONE and obj.items[0].out is None
+
+
+# -- sealed lease objects -----------------------------------------------------------
+
+
+def test_sealed_object_leases_nothing() -> None:
+    obj = LeaseObject(
+        "seg",
+        {1: ItemState(WAITING, 1, 1, NOW - 1, None), 2: ItemState(WAITING, 1, 3, NOW, None)},
+        sealed=True,
+    )
+    before = copy.deepcopy(obj)
+    assert tr.lease(obj, [(0, NOW - 5), (1, 0), (2, 0)], NOW, LEASE_MS, 3) == ([], [])
+    assert obj == before
+
+
+# -- L -> W ----------------------------------------------------------------------
+
+
+def test_retry_waits_until_retry_at() -> None:
+    obj, v = leased_obj()
+    assert tr.retry(obj, 0, v, NOW + 5, NOW + 1_000, False, "nope", 0) is False
+    assert obj.items[0] == ItemState(WAITING, v, 1, NOW + 1_000, "nope")
+    assert not tr.is_available(obj.items[0], 0, NOW + 999)
+    assert tr.is_available(obj.items[0], 0, NOW + 1_000)
+
+
+@pytest.mark.parametrize("retry_at", [None, 0, NOW - 1_000, NOW + 5])
+def test_retry_at_in_the_past_or_missing_is_clamped_to_now(retry_at: int | None) -> None:
+    obj, v = leased_obj()
+    assert tr.retry(obj, 0, v, NOW + 5, retry_at, False, None, 0) is False
+    assert obj.items[0].s == WAITING
+    assert obj.items[0].t == NOW + 5
+
+
+def test_waiting_item_is_leased_again_with_next_v() -> None:
+    obj, v = leased_obj()
+    tr.retry(obj, 0, v, NOW, NOW + 10, False, "e", 0)
+    got, _ = tr.lease(obj, [(0, 0)], NOW + 10, LEASE_MS, 0)
+    assert got == [tr.Leased(0, v + 1, 2, NOW + 10 + LEASE_MS)]
+    assert obj.items[0] == ItemState(LEASED, v + 1, 2, NOW + 10 + LEASE_MS, None)
+
+
+# -- expiry ≡ W at the deadline --------------------------------------------------
+
+
+def test_expired_lease_is_ready_exactly_at_its_deadline() -> None:
+    obj, v = leased_obj()
+    deadline = NOW + LEASE_MS
+    st_ = obj.items[0]
+    assert tr.ready_at(st_, 0) == deadline
+    assert not tr.is_available(st_, 0, deadline - 1)
+    assert tr.is_available(st_, 0, deadline)
+    waiting = ItemState(WAITING, v, 1, deadline, None)
+    for now in (deadline - 1, deadline, deadline + 1):
+        assert tr.is_available(st_, 0, now) == tr.is_available(waiting, 0, now)
+    assert tr.lease(obj, [(0, 0)], deadline - 1, LEASE_MS, 0) == ([], [])
+    got, _ = tr.lease(obj, [(0, 0)], deadline, LEASE_MS, 0)
+    assert got == [tr.Leased(0, v + 1, 2, deadline + LEASE_MS)]
+
+
+def test_expired_then_released_lease_is_lost_to_the_new_delivery() -> None:
+    obj, v = leased_obj()
+    tr.lease(obj, [(0, 0)], NOW + LEASE_MS, LEASE_MS, 0)
+    with pytest.raises(LeaseLost, match="leased again"):
+        tr.complete(obj, 0, v)
+
+
+# -- L -> X -> Z -----------------------------------------------------------------
+
+
+def test_retry_dead_goes_to_dead_pending() -> None:
+    obj, v = leased_obj()
+    assert tr.retry(obj, 0, v, NOW + 7, NOW + 1_000, True, "poison", 0) is True
+    assert obj.items[0] == ItemState(DEAD_PENDING, v, 1, NOW + 7, "poison")
+    assert tr.ready_at(obj.items[0], 0) is None
+    assert not tr.is_finished(obj.items[0])
+
+
+def test_retry_at_max_attempts_goes_to_dead_pending() -> None:
+    obj, v = leased_obj(max_attempts=2)
+    assert tr.retry(obj, 0, v, NOW, None, False, "e1", 2) is False
+    got, _ = tr.lease(obj, [(0, 0)], NOW, LEASE_MS, 2)
+    assert got[0].attempts == 2
+    assert tr.retry(obj, 0, got[0].v, NOW + 1, None, False, "e2", 2) is True
+    assert obj.items[0] == ItemState(DEAD_PENDING, got[0].v, 2, NOW + 1, "e2")
+
+
+def test_lease_after_max_attempts_expired_goes_to_dead_pending() -> None:
+    obj, v = leased_obj(max_attempts=1)
+    deadline = NOW + LEASE_MS
+    got, dead = tr.lease(obj, [(0, 0)], deadline, LEASE_MS, 1)
+    assert got == [] and dead == [0]
+    # the lease bumps v so the expired delivery can no longer act
+    assert obj.items[0] == ItemState(DEAD_PENDING, v + 1, 1, deadline, None)
+    with pytest.raises(LeaseLost):
+        tr.complete(obj, 0, v)
+
+
+def test_lease_after_max_attempts_keeps_the_last_error() -> None:
+    obj, v = leased_obj(max_attempts=1)
+    obj.items[0] = ItemState(WAITING, v, 1, NOW, "last error")
+    got, dead = tr.lease(obj, [(0, 0)], NOW, LEASE_MS, 1)
+    assert (got, dead) == ([], [0])
+    assert obj.items[0].err == "last error"
+
+
+def test_max_attempts_zero_is_unlimited() -> None:
+    obj = LeaseObject("seg")
+    now = NOW
+    for n in range(1, 60):
+        got, dead = tr.lease(obj, [(0, 0)], now, LEASE_MS, 0)
+        assert dead == [] and got[0].attempts == n
+        assert tr.retry(obj, 0, got[0].v, now, None, False, "e", 0) is False
+    assert obj.items[0].s == WAITING and obj.items[0].attempts == 59
+
+
+def test_finish_dead_with_matching_v_moves_x_to_z() -> None:
+    obj, v = leased_obj()
+    tr.retry(obj, 0, v, NOW, None, True, "poison", 0)
+    tr.finish_dead(obj, 0, v)
+    assert obj.items[0] == ItemState(DEAD, v, 1, NOW, "poison")
+    assert tr.is_finished(obj.items[0])
+
+
+@pytest.mark.parametrize("wrong_v", [0, 2, 99])
+def test_finish_dead_with_other_v_is_a_noop(wrong_v: int) -> None:
+    obj, v = leased_obj()
+    assert v == 1
+    tr.retry(obj, 0, v, NOW, None, True, "poison", 0)
+    before = copy.deepcopy(obj)
+    tr.finish_dead(obj, 0, wrong_v)
+    assert obj == before
+
+
+@pytest.mark.parametrize(
+    "st_",
+    [
+        None,
+        ItemState(LEASED, 1, 1, NOW, None),
+        ItemState(WAITING, 1, 1, NOW, None),
+        ItemState(DONE, 1, 1, NOW, None),
+        ItemState(DEAD, 1, 1, NOW, None),
+    ],
+)
+def test_finish_dead_only_acts_on_dead_pending(st_: ItemState | None) -> None:
+    obj = LeaseObject("seg", {} if st_ is None else {0: st_})
+    before = copy.deepcopy(obj)
+    tr.finish_dead(obj, 0, 1)
+    assert obj == before
+
+
+# -- renew -----------------------------------------------------------------------
+
+
+def test_renew_extends_from_now() -> None:
+    obj, v = leased_obj()
+    assert tr.renew(obj, 0, v, NOW + 10, 5_000) == NOW + 10 + 5_000
+    assert obj.items[0] == ItemState(LEASED, v, 1, NOW + 10 + 5_000, None)
+
+
+def test_renew_after_expiry_but_not_released_succeeds() -> None:
+    obj, v = leased_obj()
+    late = NOW + LEASE_MS * 3
+    assert tr.renew(obj, 0, v, late, LEASE_MS) == late + LEASE_MS
+    assert obj.items[0].s == LEASED and obj.items[0].v == v
+    assert not tr.is_available(obj.items[0], 0, late)
+
+
+# -- stale deliveries are refused and leave the object alone ---------------------
+
+OPS: dict[str, Callable[[LeaseObject, int], object]] = {
+    "complete": lambda o, v: tr.complete(o, 0, v),
+    "renew": lambda o, v: tr.renew(o, 0, v, NOW + 1, LEASE_MS),
+    "retry": lambda o, v: tr.retry(o, 0, v, NOW + 1, None, False, "e", 0),
+    "retry_dead": lambda o, v: tr.retry(o, 0, v, NOW + 1, None, True, "e", 0),
+}
+
+
+def _stale_situations() -> list[tuple[str, LeaseObject, int, str]]:
+    """(label, object, stale v, expected words in the message)."""
+    out: list[tuple[str, LeaseObject, int, str]] = []
+    out.append(("never leased", LeaseObject("seg"), 1, "never leased"))
+    # re-leased by another delivery
+    o, v = leased_obj()
+    tr.lease(o, [(0, 0)], NOW + LEASE_MS, LEASE_MS, 0)
+    out.append(("re-leased", o, v, "leased again by another delivery"))
+    # retried and leased again since, then waiting again
+    o, v = leased_obj()
+    tr.retry(o, 0, v, NOW, None, False, None, 0)
+    got, _ = tr.lease(o, [(0, 0)], NOW, LEASE_MS, 0)
+    tr.retry(o, 0, got[0].v, NOW, None, False, None, 0)
+    out.append(("released since", o, v, "released and leased again"))
+    o, v = leased_obj()
+    tr.retry(o, 0, v, NOW, NOW + 50, False, None, 0)
+    out.append(("waiting", o, v, "waiting for a retry"))
+    o, v = leased_obj()
+    tr.complete(o, 0, v)
+    out.append(("done", o, v, "already completed"))
+    o, v = leased_obj()
+    tr.lease(o, [(0, 0)], NOW + LEASE_MS, LEASE_MS, 0)
+    tr.complete(o, 0, v + 1)
+    out.append(("done by another delivery", o, v, "released and leased again"))
+    o, v = leased_obj()
+    tr.retry(o, 0, v, NOW, None, True, None, 0)
+    out.append(("dead pending", o, v, "being dead-lettered"))
+    o, v = leased_obj()
+    tr.retry(o, 0, v, NOW, None, True, None, 0)
+    tr.finish_dead(o, 0, v)
+    out.append(("dead", o, v, "dead-lettered"))
+    o, v = leased_obj()
+    tr.complete(o, 0, v, NOW, OUT)
+    out.append(("outputs pending", o, v, "already completed"))
+    o, v = leased_obj()
+    tr.complete(o, 0, v, NOW, OUT)
+    tr.finish_outputs(o, 0, v)
+    out.append(("outputs published", o, v, "already completed"))
+    o, v = leased_obj()
+    out.append(("future v", o, v + 1, "leased again by another delivery"))
+    return out
+
+
+# completing the delivery that completed the item is an idempotent no-op
+IDEMPOTENT = ("done", "outputs pending", "outputs published")
+
+
+@pytest.mark.parametrize(
+    ("op", "obj", "v", "words"),
+    [
+        pytest.param(op, o, v, w, id=f"{label}-{op}")
+        for label, o, v, w in _stale_situations()
+        for op in sorted(OPS)
+        if not (op == "complete" and label in IDEMPOTENT)
+    ],
+)
+def test_stale_delivery_is_refused_and_object_unchanged(
+    op: str, obj: LeaseObject, v: int, words: str
+) -> None:
+    obj = copy.deepcopy(obj)
+    before = copy.deepcopy(obj)
+    with pytest.raises(LeaseLost, match=words) as info:
+        OPS[op](obj, v)
+    assert info.value.details["state"] in info.value.message
+    assert obj == before
+
+
+# -- random sequences --------------------------------------------------------------
+
+N_ITEMS = 3
+
+INDEX = st.integers(0, N_ITEMS - 1)
+DV = st.sampled_from([0, 0, 0, -1, 1])  # mostly the current delivery, sometimes not
+LEASE_OP = st.tuples(st.just("lease"), st.sets(INDEX, min_size=1), st.sampled_from([0, 0, 1, 2]))
+
+op_strategy = st.one_of(
+    LEASE_OP,
+    LEASE_OP,
+    st.tuples(st.just("complete"), INDEX, DV),
+    st.tuples(st.just("renew"), INDEX, DV),
+    st.tuples(
+        st.just("retry"),
+        INDEX,
+        DV,
+        st.booleans(),
+        st.one_of(st.none(), st.integers(-50_000, 50_000)),
+    ),
+    st.tuples(st.just("retry"), INDEX, DV, st.booleans(), st.none()),
+    st.tuples(st.just("finish_dead"), INDEX, DV),
+    st.tuples(st.just("complete_out"), INDEX, DV),
+    st.tuples(st.just("finish_outputs"), INDEX, DV),
+    st.tuples(st.just("seal"), st.integers(0, 9)),  # seals one time in ten
+    st.tuples(st.just("advance"), st.integers(0, 2 * LEASE_MS)),
+)
+
+
+def _apply(obj: LeaseObject, op: tuple[Any, ...], now: int, max_attempts: int) -> int:
+    """Apply one random operation; return the new ``now``. May raise LeaseLost."""
+    kind = op[0]
+    if kind == "advance":
+        return now + int(op[1])
+    if kind == "seal":  # the compactor seals only when nothing is leased or moving
+        if op[1] == 0 and not any(s.s in (LEASED, DEAD_PENDING) for s in obj.items.values()):
+            obj.sealed = True
+        return now
+    if kind == "lease":
+        idxs, ready_offset = op[1], op[2]
+        wanted = [(i, now - 1 + int(ready_offset)) for i in sorted(idxs)]
+        tr.lease(obj, wanted, now, LEASE_MS, max_attempts)
+        return now
+    index, dv = int(op[1]), int(op[2])
+    st_ = obj.items.get(index)
+    v = (st_.v if st_ else 1) + dv  # the current v, or a stale / future one
+    if kind == "complete":
+        tr.complete(obj, index, v)
+    elif kind == "complete_out":
+        tr.complete(obj, index, v, now, ["out", "seg", 1, now, 1])
+    elif kind == "finish_outputs":
+        tr.finish_outputs(obj, index, v)
+    elif kind == "renew":
+        tr.renew(obj, index, v, now, LEASE_MS)
+    elif kind == "retry":
+        _, _, _, dead, delay = op
+        at = None if delay is None else now + int(delay)
+        tr.retry(obj, index, v, now, at, bool(dead), "err", max_attempts)
+    elif kind == "finish_dead":
+        tr.finish_dead(obj, index, v)
+    else:  # pragma: no cover
+        raise AssertionError(kind)
+    return now
+
+
+#: Every state change the docstring's diagram allows (fresh -> L is checked apart).
+ALLOWED = {
+    (LEASED, DONE),
+    (LEASED, OUTPUTS_PENDING),
+    (LEASED, WAITING),
+    (LEASED, DEAD_PENDING),
+    (WAITING, LEASED),
+    (WAITING, DEAD_PENDING),
+    (OUTPUTS_PENDING, DONE),
+    (DEAD_PENDING, DEAD),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(op_strategy, max_size=40), max_attempts=st.integers(0, 3))
+def test_random_sequences_keep_the_invariants(
+    ops: list[tuple[Any, ...]], max_attempts: int
+) -> None:
+    obj = LeaseObject("seg")
+    now = NOW
+    for op in ops:
+        before = copy.deepcopy(obj)
+        try:
+            now = _apply(obj, op, now, max_attempts)
+        except LeaseLost:
+            assert obj == before, "a refused operation changed the object"
+            continue
+        for i in range(N_ITEMS):
+            old, new = before.items.get(i), obj.items.get(i)
+            if old is None:
+                if new is not None:
+                    assert op[0] == "lease" and not before.sealed
+                    assert new.v == 1
+                    assert (new.s, new.attempts) == (LEASED, 1)
+                continue
+            assert new is not None, "an item state disappeared"
+            assert new.v >= old.v, "v decreased"
+            if old.s in (DONE, DEAD):
+                assert new == old, f"terminal state {old.s} changed"
+            if new.s != old.s:
+                assert (old.s, new.s) in ALLOWED, f"{old.s} -> {new.s} by {op[0]}"
+            if new.attempts != old.attempts:
+                assert op[0] == "lease", f"attempts changed by {op[0]}"
+                assert new.attempts == old.attempts + 1
+            if new.v != old.v:
+                assert op[0] == "lease" and new.v == old.v + 1
+            if before.sealed:
+                assert op[0] != "lease" or new == old, "a sealed object leased an item"
+            if max_attempts:
+                assert new.attempts <= max_attempts
