@@ -64,10 +64,13 @@ class Metrics:
               help="seconds between passes")
 @click.option("--safety-age", type=float, default=3600.0, show_default=True,
               help="seconds an unreferenced object must have aged before it is deleted")
+@click.option("--lease-grace", type=float, default=60.0, show_default=True,
+              help="seconds a collected segment's lease object outlives it (longer than "
+              "any node's request)")
 @click.option("--metrics-port", type=int, default=None,
               help="serve Prometheus metrics on this port (default: none)")
-def main(once: bool, interval: float, safety_age: float, metrics_port: int | None,
-         **flags: Any) -> None:
+def main(once: bool, interval: float, safety_age: float, lease_grace: float,
+         metrics_port: int | None, **flags: Any) -> None:
     """Compact okq queues: fold tombstones, merge segments, enforce retention, collect
     garbage."""
     try:
@@ -80,7 +83,7 @@ def main(once: bool, interval: float, safety_age: float, metrics_port: int | Non
     if safety_age < 120:
         log.warning("a safety age under 120 s can abort produces of nodes whose clocks lag")
     try:
-        asyncio.run(run(settings, CompactorOptions(safety_age=safety_age), once, interval,
+        asyncio.run(run(settings, CompactorOptions(safety_age=safety_age, lease_grace=lease_grace), once, interval,
                         metrics_port))
     except (OkqError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None

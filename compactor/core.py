@@ -3,7 +3,8 @@ and collects garbage, using the same engine code as the nodes.
 
 One pass over a queue, in this order (see docs/DESIGN.md, "Compaction"):
 
-1. **Walk**: read the manifest and every lease object fresh.
+1. **Walk**: read the manifest and every lease object fresh, and finish what
+   nodes left half done (dead-letter moves, completions' outputs).
 2. **Retention**: live items older than the queue's retention are dropped
    (state Z) or, when the queue says so, dead-lettered (X, then moved).
 3. **Seal** the segments to merge: a lease-object CAS that succeeds only when
@@ -16,7 +17,8 @@ One pass over a queue, in this order (see docs/DESIGN.md, "Compaction"):
    tombstones), replaces each sealed group by its merged segment, and raises
    the GC floor.
 6. **Collect**: delete objects no manifest references, only when they are older
-   than the safety age (and below the floor).
+   than the safety age (and below the floor); a lease object only after its
+   segment object is gone and the lease grace has passed.
 
 A crash anywhere leaves work to do, never damage: a sealed segment stays in the
 manifest, unleasable, until any later pass merges it; an unpublished merged
@@ -63,6 +65,9 @@ log = logging.getLogger("okq.compactor")
 @dataclass
 class CompactorOptions:
     safety_age: float = 3600.0  # seconds; must exceed any writer's publish deadline
+    # Seconds a removed segment's lease object outlives the segment object: longer
+    # than any engine operation that may still work from an older manifest.
+    lease_grace: float = 60.0
     merge_below: int = 500  # segments with fewer live items are merge candidates
     merge_target: int = 10_000  # most items in one merged segment
     merge_target_bytes: int = 16 << 20
@@ -198,7 +203,9 @@ class Compactor:
         cutoff = now - int(cfg.retention * 1000)
         to_dead = cfg.retention_dead_letter and cfg.dead_queue is not None
         for s in segs:
-            if s.meta.first_ready_ms >= cutoff or s.finished() or s.obj.sealed:
+            # A merged segment carries items older than itself: look at each.
+            oldest = s.meta.created_ms if s.meta.min_ready_ms is None else 0
+            if oldest >= cutoff or s.finished() or s.obj.sealed:
                 continue
             seg = await self._segment(queue, s)
             old = [i for i, st in s.states()
@@ -298,8 +305,7 @@ class Compactor:
                 moved.append((ready, carried, st))
         moved.sort(key=lambda m: m[0])
         sid = new_segment_id(now)
-        segment = Segment(sid, queue, now, now + int(self.opts.safety_age * 500),
-                          [item for _, item, _ in moved])  # publish by half the safety age
+        segment = Segment(sid, queue, now, now, [item for _, item, _ in moved])
         data = encode_segment(segment)
         await self.store.put(segment_key(self.ns, queue, sid), data, if_none_match=True)
         waiting = {n: ItemState(st.s, st.v, st.attempts, st.t, st.err)
@@ -318,7 +324,6 @@ class Compactor:
         """One manifest CAS: fold finished segments, swap in merged ones, raise the
         GC floor. Returns the ids of the merged segments it published."""
         floor = self.clock.now_ms() - int(self.opts.safety_age * 1000)
-        deadline_ms = int(self.opts.safety_age * 500)
 
         def commit(m: Manifest, now: int) -> set[str]:
             present = {sm.id for sm in m.segments}
@@ -327,8 +332,8 @@ class Compactor:
             for new, sources, _ in merged:
                 if not all(sid in present for sid in sources):
                     continue  # another pass merged them first
-                if new.created_ms < m.gc_floor_ms or now > new.created_ms + deadline_ms:
-                    continue  # too late: a collector may treat it as an orphan
+                if new.created_ms < m.gc_floor_ms:
+                    continue  # too late: a collector may already treat it as an orphan
                 drop.update(sources)
                 published.add(new.id)
             out: list[SegmentMeta] = []
@@ -353,34 +358,50 @@ class Compactor:
         if m is None:
             return
         live = {sm.id for sm in m.segments}
-        await self._delete_old(
-            [f"{self.ns}/segments/{queue}/", f"{self.ns}/leases/{queue}/"],
-            lambda sid: sid not in live and _id_ms(sid) < m.gc_floor_ms,
-            report,
-        )
+
+        def orphan(sid: str) -> bool:
+            return sid not in live and _id_ms(sid) < m.gc_floor_ms
+
+        await self._delete_old(f"{self.ns}/segments/{queue}/", orphan, report)
+        await self._delete_leases(queue, orphan, report)
+
+    async def _delete_leases(self, queue: str, orphan: Callable[[str], bool],
+                             report: Report) -> None:
+        """A lease object goes only after its segment object is gone and it has aged
+        ``lease_grace``: an engine working from a manifest read just before the
+        segment was dropped must still find it (sealed, or all finished) rather
+        than nothing, which would read as 'never leased'."""
+        segments = {info.key.rsplit("/", 1)[-1]
+                    async for info in list_all(self.store, f"{self.ns}/segments/{queue}/")}
+        grace = max(self.opts.safety_age, self.opts.lease_grace)
+        await self._delete_old(f"{self.ns}/leases/{queue}/",
+                               lambda sid: orphan(sid) and sid not in segments, report,
+                               min_age=grace)
 
     async def collect_deleted_queues(self) -> Report:
         """Objects of queues whose manifest is gone, once older than the safety age."""
         report = Report()
         queues = set(await self.engine.list_queues())
-        for kind in ("segments", "leases"):
+        grace = max(self.opts.safety_age, self.opts.lease_grace)
+        for kind, min_age in (("segments", self.opts.safety_age), ("leases", grace)):
             async for name in _children(self.store, f"{self.ns}/{kind}/"):
-                if name in queues:
-                    continue
-                await self._delete_old([f"{self.ns}/{kind}/{name}/"], lambda sid: True, report)
+                if name not in queues:
+                    await self._delete_old(f"{self.ns}/{kind}/{name}/", lambda sid: True,
+                                           report, min_age=min_age)
         return report
 
-    async def _delete_old(self, prefixes: list[str], eligible: Callable[[str], bool],
-                          report: Report) -> None:
-        cutoff = time.time() - self.opts.safety_age
-        for prefix in prefixes:
-            async for info in list_all(self.store, prefix):
-                sid = info.key.rsplit("/", 1)[-1]
-                if info.last_modified > cutoff or not eligible(sid):
-                    continue
-                await self.store.delete(info.key)
-                report.objects_deleted += 1
-                report.bytes_reclaimed += info.size
+    async def _delete_old(self, prefix: str, eligible: Callable[[str], bool],
+                          report: Report, min_age: float | None = None) -> None:
+        """Delete what ``eligible`` selects under ``prefix`` once it is older than
+        ``min_age`` (default: the safety age) by the store's LastModified."""
+        cutoff = time.time() - (self.opts.safety_age if min_age is None else min_age)
+        async for info in list_all(self.store, prefix):
+            sid = info.key.rsplit("/", 1)[-1]
+            if info.last_modified > cutoff or not eligible(sid):
+                continue
+            await self.store.delete(info.key)
+            report.objects_deleted += 1
+            report.bytes_reclaimed += info.size
 
 
 def _id_ms(segment_id: str) -> int:
