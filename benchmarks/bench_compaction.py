@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compactor import Compactor, CompactorOptions  # noqa: E402
-from okq import Engine, EngineOptions, TokenSigner, generate_key  # noqa: E402
-from okq.store import CountingStore, FileStore, S3Store, Store, list_all  # noqa: E402
-from tests.servers import BUCKET, SeaweedServer, ensure_dummy_credentials  # noqa: E402
+from compactor import Compactor, CompactorOptions
+from okq import Engine, EngineOptions, TokenSigner, generate_key
+from okq.store import CountingStore, FileStore, S3Store, Store, list_all
+from tests.servers import BUCKET, SeaweedServer, ensure_dummy_credentials
 
 PAYLOAD = b"x" * 1024
 BATCH = 1000

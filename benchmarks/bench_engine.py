@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from okq import Engine, EngineOptions, TokenSigner, generate_key  # noqa: E402
-from okq.store import CountingStore, FileStore, S3Store, Store  # noqa: E402
-from tests.servers import (  # noqa: E402
+from okq import Engine, EngineOptions, TokenSigner, generate_key
+from okq.store import CountingStore, FileStore, S3Store, Store
+from tests.servers import (
     BUCKET,
     MotoServer,
     SeaweedServer,

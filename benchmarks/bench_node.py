@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from okq import Engine, TokenSigner, generate_key  # noqa: E402
-from okq.client import Client  # noqa: E402
-from okq.store import FileStore  # noqa: E402
-from tests.nodes import okq_node  # noqa: E402
+from okq import Engine, TokenSigner, generate_key
+from okq.client import Client
+from okq.store import FileStore
+from tests.nodes import okq_node
 
 BATCH = 100
 WORKERS = 4
@@ -150,8 +150,9 @@ async def main() -> None:
               f"{statistics.median(row['consume']):>21,.0f} "
               f"{pct(lat[name], 0.5):>8.1f} {pct(lat[name], 0.99):>8.1f}")
     e, n = results["engine"], results["node"]
-    print(f"\nnode / engine: produce {statistics.median(n['produce']) / statistics.median(e['produce']):.2f}, "
-          f"lease+complete {statistics.median(n['consume']) / statistics.median(e['consume']):.2f}"
+    produce_ratio = statistics.median(n["produce"]) / statistics.median(e["produce"])
+    consume_ratio = statistics.median(n["consume"]) / statistics.median(e["consume"])
+    print(f"\nnode / engine: produce {produce_ratio:.2f}, lease+complete {consume_ratio:.2f}"
           f"  (produce-to-lease latency from {args.samples} messages at {args.rate:.0f}/s)")
 
 

@@ -83,8 +83,8 @@ def main(once: bool, interval: float, safety_age: float, lease_grace: float,
     if safety_age < 120:
         log.warning("a safety age under 120 s can abort produces of nodes whose clocks lag")
     try:
-        asyncio.run(run(settings, CompactorOptions(safety_age=safety_age, lease_grace=lease_grace), once, interval,
-                        metrics_port))
+        options = CompactorOptions(safety_age=safety_age, lease_grace=lease_grace)
+        asyncio.run(run(settings, options, once, interval, metrics_port))
     except (OkqError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
+from okq.cell import Unchanged
 from okq.clock import Clock, SystemClock
 from okq.engine import Engine
 from okq.errors import ObjectNotFound, OkqError
@@ -214,7 +215,8 @@ class Compactor:
             if not old:
                 continue
 
-            def expire(obj: LeaseObject, now_ms: int, old: list[int] = old) -> list[int]:
+            def expire(obj: LeaseObject, now_ms: int,
+                       old: list[int] = old) -> list[int] | Unchanged:
                 done = []
                 for i in old:
                     st = obj.items.get(i)
@@ -225,7 +227,7 @@ class Compactor:
                     state = DEAD_PENDING if to_dead else DEAD
                     obj.items[i] = ItemState(state, v + 1, attempts, now_ms, "retention expired")
                     done.append(i)
-                return done
+                return done if done else Unchanged([])
 
             cell = self.engine.lease_cell(queue, s.meta.id)
             expired: list[int] = await cell.update(expire)

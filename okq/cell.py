@@ -5,10 +5,13 @@ its :class:`Cell`, which gathers the changes submitted while the previous write
 was in flight and applies them all in one compare-and-swap (group commit).
 
 A change is a function ``fn(obj, now) -> result`` that mutates a freshly decoded
-copy of the object; it may raise an :class:`~okq.errors.OkqError` to refuse
-itself, which fails that change alone (it must raise before it mutates
-anything: the transitions in okq/transitions.py check first, then write). On CASConflict the cell re-reads and
-re-applies the whole batch. On any other StorageError the write is ambiguous:
+copy of the object, or returns :class:`Unchanged` when there is nothing to do;
+it may raise an :class:`~okq.errors.OkqError` to refuse itself, which fails
+that change alone (it must raise before it mutates anything: the transitions in
+okq/transitions.py check first, then write). On CASConflict the cell re-reads
+and re-applies the whole batch. A batch that writes nothing (every change refused or
+unchanged) is decided again on a fresh read when the cached copy may be stale,
+so no refusal rests on an old copy. On any other StorageError the write is ambiguous:
 the cell re-reads and checks for its own nonce, so a landed write is never
 applied twice.
 """
@@ -37,6 +40,14 @@ class Versioned(Protocol):
 
 T = TypeVar("T", bound=Versioned)
 Change = Callable[[Any, int], Any]
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """What a change returns when it found nothing to do: the cell then writes
+    nothing for it (after confirming on a fresh read), and answers ``value``."""
+
+    value: Any = None
 
 
 @dataclass
@@ -83,8 +94,10 @@ class Cell(Generic[T]):
         self.fetched_ms = self.clock.now_ms()
 
     async def read(self, max_age_ms: int = 0) -> T | None:
-        """A decoded copy no older than ``max_age_ms`` (by this process's clock)."""
-        if self.fetched_ms is None or self.clock.now_ms() - self.fetched_ms > max_age_ms:
+        """A decoded copy no older than ``max_age_ms`` (by this process's clock);
+        0 always reads the store."""
+        if (self.fetched_ms is None or max_age_ms <= 0
+                or self.clock.now_ms() - self.fetched_ms > max_age_ms):
             await self.refresh()
         return self.cached()
 
@@ -125,20 +138,27 @@ class Cell(Generic[T]):
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.GIVE_UP_AFTER
         attempt = 0
+        fresh = False  # whether the copy the batch was applied to was read in this write
         while loop.time() < give_up:
             if attempt:  # lost a race: back off with jitter so writers spread out
                 await asyncio.sleep(random.uniform(0, min(0.5, 0.005 * 2**attempt)))
             attempt += 1
             if self.fetched_ms is None:
                 await self.refresh()
+                fresh = True
             obj = self.cached()
             if obj is None:
                 raise ObjectNotFound(f"no object {self.key!r}", key=self.key)
             results = self._apply(obj, batch)
-            if all(isinstance(r, BaseException) for r in results) or (
-                self.data is not None and self.encode(obj) == self.data
-            ):
-                self._resolve(batch, results)  # nothing to write
+            if all(isinstance(r, BaseException | Unchanged) for r in results):
+                # Nothing to write. A refusal or a no-op decided on a cached copy
+                # could be wrong (another process may have changed the object):
+                # decide again on a fresh read before answering.
+                if not fresh:
+                    await self.refresh()
+                    fresh, attempt = True, attempt - 1
+                    continue
+                self._resolve(batch, results)
                 return
             if await self._put(obj):
                 self._resolve(batch, results)
@@ -200,7 +220,7 @@ class Cell(Generic[T]):
             if isinstance(r, BaseException):
                 p.fut.set_exception(r)
             else:
-                p.fut.set_result(r)
+                p.fut.set_result(r.value if isinstance(r, Unchanged) else r)
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from okq import transitions as tr
-from okq.cell import Cell
+from okq.cell import Cell, Unchanged
 from okq.clock import Clock, SystemClock
 from okq.errors import (
     CASConflict,
@@ -402,21 +402,26 @@ class Engine:
             lease_ms = int(lease_timeout * 1000) if lease_timeout else cfg.lease_ms
             out: list[LeasedItem] = []
             next_ready: int | None = None
-            for _ in range(3):  # lost races shrink a pass; a few passes fill the batch
+            metas = {sm.id: sm for sm in m.segments}
+            idle = 0
+            # Passes until the batch is full. A pass can fall short: items lost to
+            # another engine, or out of attempts and dead-lettered instead. Stop
+            # after three passes in a row that changed nothing.
+            while len(out) < n and idle < 3:
                 picks, next_ready = await self._pick(q, m, n - len(out))
                 if not picks:
                     break
                 groups: dict[str, list[tuple[int, int]]] = {}
-                metas = {sm.id: sm for sm in m.segments}
                 for _, sid, idx, fresh_ready in picks:
                     groups.setdefault(sid, []).append((idx, fresh_ready))
                 results = await asyncio.gather(
                     *(self._lease_in(q, cfg, metas[s], w, lease_ms) for s, w in groups.items())
                 )
-                for r in results:
-                    out.extend(r)
-                if len(out) >= n:
-                    break
+                progress = 0
+                for items, dead in results:
+                    out.extend(items)
+                    progress += len(items) + dead
+                idle = 0 if progress else idle + 1
             return out, next_ready
 
     async def _pick(
@@ -490,15 +495,20 @@ class Engine:
         sm: SegmentMeta,
         wanted: list[tuple[int, int]],
         lease_ms: int,
-    ) -> list[LeasedItem]:
+    ) -> tuple[list[LeasedItem], int]:
+        """Lease what is still available of ``wanted``; returns the items and how
+        many were dead-lettered instead (out of attempts)."""
         cell = self._lease_cell(q, sm.id)
-        leased, dead = await cell.update(
-            lambda obj, now: tr.lease(obj, wanted, now, lease_ms, cfg.max_attempts)
-        )
+
+        def lease(obj: LeaseObject, now: int) -> object:
+            result = tr.lease(obj, wanted, now, lease_ms, cfg.max_attempts)
+            return result if result[0] or result[1] else Unchanged(result)
+
+        leased, dead = await cell.update(lease)
         seg = await self._segment(q, sm)
         for idx in dead:
             await self._help_dead(q, cfg, sm, idx)
-        return [self._leased_item(q.name, sm, seg, x) for x in leased]
+        return [self._leased_item(q.name, sm, seg, x) for x in leased], len(dead)
 
     def _leased_item(self, queue: str, sm: SegmentMeta, seg: Segment, x: tr.Leased) -> LeasedItem:
         item = seg.items[x.index]

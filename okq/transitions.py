@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from okq.cell import Unchanged
 from okq.errors import LeaseLost
 from okq.model import (
     DEAD,
@@ -122,7 +123,7 @@ def renew(obj: LeaseObject, index: int, v: int, now: int, lease_ms: int) -> int:
 
 def complete(
     obj: LeaseObject, index: int, v: int, now: int = 0, out: list[Any] | None = None
-) -> list[Any] | None:
+) -> list[Any] | Unchanged | None:
     """L(v) -> D, or -> P (outputs pending) when the completion produces ``out``.
 
     Completing the same delivery again is a no-op (a retried request); the
@@ -130,7 +131,7 @@ def complete(
     """
     done = obj.items.get(index)
     if done is not None and done.s in (DONE, OUTPUTS_PENDING) and done.v == v:
-        return done.out
+        return Unchanged(done.out)
     st = current(obj, index, v)
     if out is None:
         obj.items[index] = ItemState(DONE, v, st.attempts, st.t, None)
@@ -139,11 +140,13 @@ def complete(
     return out
 
 
-def finish_outputs(obj: LeaseObject, index: int, v: int) -> None:
+def finish_outputs(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
     """P(v) -> D once the outputs segment is published."""
     st = obj.items.get(index)
     if st is not None and st.s == OUTPUTS_PENDING and st.v == v:
         st.s = DONE
+        return None
+    return Unchanged()
 
 
 def retry(
@@ -166,11 +169,13 @@ def retry(
     return False
 
 
-def finish_dead(obj: LeaseObject, index: int, v: int) -> None:
+def finish_dead(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
     """DEAD_PENDING(v) -> DEAD once the item is in the dead-letter queue."""
     st = obj.items.get(index)
     if st is not None and st.s == DEAD_PENDING and st.v == v:
         st.s = DEAD
+        return None
+    return Unchanged()
 
 
 def is_finished(st: ItemState | None) -> bool:

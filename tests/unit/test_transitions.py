@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from okq import transitions as tr
+from okq.cell import Unchanged
 from okq.errors import LeaseLost
 from okq.model import (
     DEAD,
@@ -170,15 +171,16 @@ def test_completing_with_outputs_again_returns_the_first_outputs(finished: bool)
     if finished:
         tr.finish_outputs(obj, 0, v)
     before = copy.deepcopy(obj)
-    assert tr.complete(obj, 0, v, NOW + 9, ["other", "x", 1, 1, 1]) == OUT
-    assert tr.complete(obj, 0, v) == OUT
+    # a no-op: Unchanged tells the cell not to write, and carries the first outputs
+    assert tr.complete(obj, 0, v, NOW + 9, ["other", "x", 1, 1, 1]) == Unchanged(OUT)
+    assert tr.complete(obj, 0, v) == Unchanged(OUT)
     assert obj == before
 
 
 def test_plain_completion_again_returns_no_outputs() -> None:
     obj, v = leased_obj()
     assert tr.complete(obj, 0, v) is None
-    assert tr.complete(obj, 0, v, NOW, OUT) is None
+    assert tr.complete(obj, 0, v, NOW, OUT) == Unchanged(None)
     assert obj.items[0].s == DONE and obj.items[0].out is None
 
 
