@@ -132,8 +132,11 @@ class Client:
         return reply.output_ids or []
 
     async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
-                    dead: bool = False, error: str | None = None) -> None:
+                    dead: bool = False, error: str | None = None,
+                    count_attempt: bool = True) -> None:
         item: dict[str, Any] = {"token": token, "dead": dead}
+        if not count_attempt:
+            item["count_attempt"] = False
         if retry_at is not None:
             item["retry_at"] = retry_at.isoformat()
         if error is not None:
@@ -314,7 +317,8 @@ class Worker:
 
     async def _release(self, item: s.LeasedItemOut) -> None:
         with contextlib.suppress(OkqError):
-            await self.client.retry(self.queue, item.token, error="worker stopping")
+            await self.client.retry(self.queue, item.token, error="worker stopping",
+                                    count_attempt=False)
 
     async def _process(self, item: s.LeasedItemOut) -> None:
         renewer = asyncio.create_task(self._renew(item))

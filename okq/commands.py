@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from okq.client import Client
 from okq.errors import OkqError
@@ -50,12 +51,13 @@ class Ctx:
         return Client(self.url, timeout=self.timeout, api_key=self.api_key)
 
 
-out = Console()
-err = Console(stderr=True)
+# Nothing okq prints is markup: payloads, file names and errors are shown as they are.
+out = Console(markup=False, highlight=False)
+err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(Text("error:", style="red"), " ".join(message.split()))
     sys.exit(code)
 
 
@@ -76,6 +78,9 @@ def run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T | None]:
             field = exc.details.get("field")
             fail(f"{exc.message}" + (f" (field: {field})" if field and field not in
                                      exc.message else ""))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
         except (OSError, ValueError) as exc:
             fail(str(exc))
         return None
@@ -106,12 +111,17 @@ def when(value: str | None, field: str) -> datetime | None:
         return None
     try:
         if value.startswith("+"):
-            return datetime.now(UTC) + timedelta(seconds=float(value[1:]))
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    except ValueError:
+            parsed = datetime.now(UTC) + timedelta(seconds=float(value[1:]))
+        else:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         raise click.BadParameter(f"{value!r} is not an RFC 3339 time or +SECONDS",
                                  param_hint=field) from None
+    if not s.MIN_TIME <= parsed <= s.MAX_TIME:
+        raise click.BadParameter(f"{value!r} is outside 1970-01-01 .. 9000-01-01",
+                                 param_hint=field)
+    return parsed
 
 
 def show_payload(item: s.LeasedItemOut | s.ItemOut) -> str:
@@ -138,7 +148,10 @@ def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
             if not line.strip():
                 continue
             if jsonl:
-                yield parse_jsonl_item(line, lineno)
+                item = parse_jsonl_item(line, lineno)
+                if item.enqueue_at is None and enqueue_at is not None:
+                    item.enqueue_at = enqueue_at
+                yield item
             else:
                 yield s.ProduceItem(utf8=line, enqueue_at=enqueue_at,
                                     key=f"{key}:{lineno}" if key else None)
@@ -223,10 +236,13 @@ async def produce(ctx: Ctx, c: Client, queue: str, payloads: tuple[str, ...],
         raise click.UsageError("give payloads as arguments, --file, or pipe them to stdin")
     enqueue_at = when(at, "--at")
     jsonl = jsonl or bool(file and file.endswith(".jsonl"))
-    bar = _progress(ctx, _count_lines(file) if not payloads else len(payloads), "producing")
+    # Read and check every item first: a bad line fails the command before anything
+    # is produced, so fixing the file and running again duplicates nothing.
+    all_items = list(read_items(payloads, file, jsonl, key, enqueue_at))
+    bar = _progress(ctx, len(all_items), "producing")
     ids: list[str] = []
     try:
-        for batch in batches(read_items(payloads, file, jsonl, key, enqueue_at), BATCH):
+        for batch in batches(iter(all_items), BATCH):
             got = await c.produce(queue, batch)
             ids.extend(got)
             bar.advance(len(batch))
@@ -416,8 +432,8 @@ async def browse(c: Client, queue: str, limit: int | None) -> list[s.ItemOut]:
     got: list[s.ItemOut] = []
     after: str | None = None
     while limit is None or len(got) < limit:
-        page = await c.list_items(queue, limit=min(1000, (limit or 1000) - len(got)) or 1,
-                                  start_after=after)
+        size = 1000 if limit is None else min(1000, limit - len(got))
+        page = await c.list_items(queue, limit=size, start_after=after)
         got.extend(page.items)
         after = page.next_start_after
         if after is None:
@@ -525,9 +541,18 @@ async def export_(ctx: Ctx, c: Client, queue: str, file: str, resume: bool) -> N
 
 
 def _trim_torn_line(path: Path) -> None:
+    """End the file after its last complete record: finish a record that lacks only
+    its newline, drop one that was cut short."""
     data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
+    if not data or data.endswith(b"\n"):
+        return
+    start = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[start:])
+    except ValueError:
+        path.write_bytes(data[:start])
+    else:
+        path.write_bytes(data + b"\n")
 
 
 @click.command("import")
@@ -552,15 +577,16 @@ async def import_(ctx: Ctx, c: Client, queue: str, file: str) -> None:
     lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if line.strip()]
     todo = [(n, line) for n, line in lines if n > done]
+    parsed = []  # every line is checked before anything is produced
+    for n, line in todo:
+        item = parse_jsonl_item(line, n)
+        item.key = item.key or f"import:{digest}:{n}"
+        parsed.append((n, item))
     bar = _progress(ctx, len(todo), "importing")
     produced = 0
     try:
-        for batch in batches(iter(todo), BATCH):
-            items = []
-            for n, line in batch:
-                item = parse_jsonl_item(line, n)
-                item.key = item.key or f"import:{digest}:{n}"
-                items.append(item)
+        for batch in batches(iter(parsed), BATCH):
+            items = [item for _, item in batch]
             await c.produce(queue, items)
             produced += len(items)
             checkpoint.write_text(f"{digest} {batch[-1][0]}\n")

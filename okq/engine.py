@@ -683,6 +683,7 @@ class Engine:
         error: str | None = None,
         queue: str | None = None,
         field_name: str = "token",
+        count_attempt: bool = True,
     ) -> None:
         """Release a delivery: ready again at ``retry_at`` (now by default), at the
         back of the line; or dead-lettered when ``dead`` or out of attempts."""
@@ -695,7 +696,7 @@ class Engine:
         cell = self._lease_cell(q, d.segment)
         to_dead: bool = await cell.update(
             lambda o, now: tr.retry(o, d.index, d.v, now, retry_at_ms, dead, err,
-                                    cfg.max_attempts)
+                                    cfg.max_attempts, count_attempt)
         )
         if to_dead:
             sm = next((s for s in m.segments if s.id == d.segment), None)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import signal
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from okq.client import Client
-from okq.errors import LeaseLost, OkqError
+from okq.errors import InvalidRequest, LeaseLost, OkqError, TooLarge
 from okq.server.schemas import LeasedItemOut
 
 log = logging.getLogger("okq.work")
@@ -38,7 +39,7 @@ class WorkOptions:
     shell: bool = False
     concurrency: int = 1
     lease_timeout: float = 60.0
-    poll: float = 10.0
+    poll: float = 2.0  # long-poll length: also how long an idle worker takes to stop
     backoff_base: float = 1.0
     backoff_max: float = 300.0
     grace: float = 30.0
@@ -58,6 +59,11 @@ class WorkStats:
     errors: list[str] = field(default_factory=list)
 
 
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
 class ShellWorker:
     def __init__(self, client: Client, options: WorkOptions) -> None:
         self.client = client
@@ -66,6 +72,7 @@ class ShellWorker:
         self._stopping = asyncio.Event()
         self._killing = asyncio.Event()
         self._taken = 0
+        self.max_attempts = 0  # the queue's, read at start: to count dead letters
 
     def stop(self) -> None:
         self._stopping.set()
@@ -76,6 +83,7 @@ class ShellWorker:
             loop.add_signal_handler(sig, self.stop)
 
     async def run(self) -> WorkStats:
+        self.max_attempts = (await self.client.queue_info(self.o.queue)).max_attempts
         slots = [asyncio.create_task(self._slot()) for _ in range(self.o.concurrency)]
         stopper = asyncio.create_task(self._grace_timer())
         try:
@@ -137,28 +145,33 @@ class ShellWorker:
         await self._succeed(item, stdout)
 
     async def _run_command(self, item: LeasedItemOut) -> tuple[int, bytes, bytes] | None:
+        """Run the command on the payload; None when it was stopped after the grace."""
+        pipe = asyncio.subprocess.PIPE
         if self.o.shell:
             proc = await asyncio.create_subprocess_shell(
-                self.o.argv[0], stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                self.o.argv[0], stdin=pipe, stdout=pipe, stderr=pipe, start_new_session=True)
         else:
             proc = await asyncio.create_subprocess_exec(
-                *self.o.argv, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                *self.o.argv, stdin=pipe, stdout=pipe, stderr=pipe, start_new_session=True)
         talk = asyncio.ensure_future(proc.communicate(item.bytes))
         kill = asyncio.ensure_future(self._killing.wait())
         await asyncio.wait({talk, kill}, return_when=asyncio.FIRST_COMPLETED)
         kill.cancel()
+        if talk.done():
+            stdout, stderr = talk.result()
+            return proc.returncode or 0, stdout, stderr
+        # Past the grace: stop the command and everything it started (its own
+        # process group), so no child keeps the pipes open.
+        _signal_group(proc.pid, signal.SIGTERM)
+        done, _ = await asyncio.wait({talk}, timeout=5)
+        if not done:
+            _signal_group(proc.pid, signal.SIGKILL)
+            await asyncio.wait({talk}, timeout=5)
         if not talk.done():
-            proc.terminate()
-            try:
-                await asyncio.wait_for(talk, 5)
-            except TimeoutError:
-                proc.kill()
-                await talk
-            return None
-        stdout, stderr = talk.result()
-        return proc.returncode or 0, stdout, stderr
+            talk.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await talk
+        return None
 
     def _outputs(self, stdout: bytes) -> list[bytes] | str:
         """Output lines, or the reason they cannot be produced."""
@@ -181,13 +194,15 @@ class ShellWorker:
                 return
             lines = self._outputs(stdout)
             if isinstance(lines, str):
-                await self.client.retry(self.o.queue, item.token, dead=True,
-                                        error=f"invalid output: {lines}")
-                self.stats.dead += 1
+                await self._dead(item, f"invalid output: {lines}")
                 return
             if lines:
-                await self.client.complete_and_produce(self.o.queue, item.token,
-                                                       self.o.out_queue, lines)
+                try:
+                    await self.client.complete_and_produce(self.o.queue, item.token,
+                                                           self.o.out_queue, lines)
+                except (TooLarge, InvalidRequest) as exc:  # the node's limits refuse it
+                    await self._dead(item, f"invalid output: {exc.message}")
+                    return
             else:
                 await self.client.complete(self.o.queue, [item.token])
             self.stats.completed += 1
@@ -199,21 +214,30 @@ class ShellWorker:
             self.stats.errors.append(str(exc))
             log.error("completing %s failed: %s", item.id, exc)
 
+    async def _dead(self, item: LeasedItemOut, reason: str) -> None:
+        await self.client.retry(self.o.queue, item.token, dead=True, error=reason)
+        self.stats.dead += 1
+
     async def _retry(self, item: LeasedItemOut, error: str) -> None:
         delay = min(self.o.backoff_max, self.o.backoff_base * 2 ** (item.attempts - 1))
         delay *= 0.5 + random.random() / 2
         retry_at = datetime.now(UTC) + timedelta(seconds=delay)
         try:
             await self.client.retry(self.o.queue, item.token, retry_at=retry_at, error=error)
-            self.stats.retried += 1
         except LeaseLost:
-            pass
+            return
         except OkqError as exc:
             self.stats.errors.append(str(exc))
+            return
+        if self.max_attempts and item.attempts >= self.max_attempts:
+            self.stats.dead += 1  # the queue dead-lettered it: out of attempts
+        else:
+            self.stats.retried += 1
 
     async def _release(self, item: LeasedItemOut, why: str) -> None:
+        """Give the item back uncounted: its command never finished here."""
         try:
-            await self.client.retry(self.o.queue, item.token, error=why)
+            await self.client.retry(self.o.queue, item.token, error=why, count_attempt=False)
             self.stats.released += 1
         except OkqError as exc:
             log.warning("releasing %s failed: %s; it returns when its lease expires",

@@ -158,14 +158,20 @@ def retry(
     dead: bool,
     error: str | None,
     max_attempts: int,
+    count_attempt: bool = True,
 ) -> bool:
-    """Release the delivery. Returns True when the item must go to the dead-letter queue."""
+    """Release the delivery. Returns True when the item must go to the dead-letter queue.
+
+    With ``count_attempt=False`` the delivery is given back uncounted (a worker
+    that is stopping and never ran it).
+    """
     st = current(obj, index, v)
-    if dead or (max_attempts and st.attempts >= max_attempts):
-        obj.items[index] = ItemState(DEAD_PENDING, v, st.attempts, now, error)
+    attempts = st.attempts if count_attempt else max(0, st.attempts - 1)
+    if dead or (max_attempts and attempts >= max_attempts):
+        obj.items[index] = ItemState(DEAD_PENDING, v, attempts, now, error)
         return True
     ready = max(now, retry_at_ms or now)
-    obj.items[index] = ItemState(WAITING, v, st.attempts, ready, error)
+    obj.items[index] = ItemState(WAITING, v, attempts, ready, error)
     return False
 
 

@@ -272,7 +272,8 @@ async def retry(request: web.Request) -> web.Response:
         try:
             await engine.retry(item.token, retry_at_ms=ms(item.retry_at), dead=item.dead,
                                error=item.error, queue=body.queue_name,
-                               field_name=f"items[{n}].token")
+                               field_name=f"items[{n}].token",
+                               count_attempt=item.count_attempt)
             done += 1
         except LeaseLost as exc:
             failed.append({"index": n, "reason": exc.message})

@@ -187,7 +187,11 @@ class RetryItem(Body):
     token: str
     retry_at: Time | None = Field(None, description="ready again at this time (default now)")
     dead: bool = Field(False, description="move to the dead-letter queue instead")
-    error: str | None = Field(None, max_length=4096, description="kept as the last error")
+    error: Text | None = Field(None, max_length=4096, description="kept as the last error")
+    count_attempt: bool = Field(
+        True, description="false gives the delivery back without counting it as an "
+        "attempt (e.g. a worker stopping before it ran the item)",
+    )
 
 
 class RetryRequest(Body):
