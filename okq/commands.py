@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from okq.client import Client
-from okq.errors import OkqError
+from okq.errors import OkqError, Unauthorized
 from okq.server import schemas as s
 
 T = TypeVar("T")
@@ -52,7 +52,9 @@ class Ctx:
 
 
 # Nothing okq prints is markup: payloads, file names and errors are shown as they are.
-out = Console(markup=False, highlight=False)
+# Piped output is not cut to 80 columns: ids and tokens must survive a pipe.
+out = Console(markup=False, highlight=False,
+              width=None if sys.stdout.isatty() else max(200, Console().width))
 err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -74,6 +76,8 @@ def run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T | None]:
 
         try:
             return asyncio.run(body())
+        except Unauthorized as exc:
+            fail(f"{exc.message}; give it with --api-key or OKQ_API_KEY")
         except OkqError as exc:
             field = exc.details.get("field")
             fail(f"{exc.message}" + (f" (field: {field})" if field and field not in
@@ -239,6 +243,8 @@ async def produce(ctx: Ctx, c: Client, queue: str, payloads: tuple[str, ...],
     # Read and check every item first: a bad line fails the command before anything
     # is produced, so fixing the file and running again duplicates nothing.
     all_items = list(read_items(payloads, file, jsonl, key, enqueue_at))
+    if not all_items:
+        raise click.UsageError("nothing to produce: the input holds no items")
     bar = _progress(ctx, len(all_items), "producing")
     ids: list[str] = []
     try:
@@ -405,6 +411,14 @@ async def stats(ctx: Ctx, c: Client, queues_: tuple[str, ...], watch: bool,
     if not watch:
         emit(ctx, rows, lambda: out.print(stats_table(rows)))
         return
+    if ctx.json:  # one JSON document per refresh, for a pipe
+        try:
+            while True:
+                click.echo(json.dumps(_plain(rows)))
+                await asyncio.sleep(interval)
+                rows = [await c.stats(q) for q in queues_]
+        except asyncio.CancelledError:  # Ctrl-C
+            return
     with Live(stats_table(rows), console=out, auto_refresh=False) as live:
         try:
             while True:

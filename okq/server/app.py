@@ -279,8 +279,9 @@ async def retry(request: web.Request) -> web.Response:
             failed.append({"index": n, "reason": exc.message})
     request.app[METRICS].items.labels("retried").inc(done)
     if failed:
+        landed = f"; the other {done} landed" if done else ""
         raise LeaseLost(f"{len(failed)} of {len(body.items)} retries refused: the lease was "
-                        f"lost; the other {done} landed", failed=failed)
+                        f"lost{landed}", failed=failed)
     return respond(request, s.RetryResponse(queue_name=body.queue_name, retried=done))
 
 

@@ -9,8 +9,9 @@ Error paths exit non-zero with a one-line ``error:`` message (or click's usage
 message, exit 2) and never a traceback: every run of the file is checked for
 ``Traceback``, and so is the node's log at the end.
 
-Tests marked ``xfail(strict=True)`` pin CLI bugs found while writing this file;
-each reason says what is wrong, so the mark comes off when the bug is fixed.
+Several tests guard against bugs found while this file was written (markup in
+output, multi-line errors, partial produces, lost export records): each fails
+if its bug comes back.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ The worker runs as a real ``okq work`` subprocess; the tests feed its input
 queue and read the output and dead-letter queues back with the Python client.
 What they hold is checked as multisets: nothing lost, nothing twice.
 
-Tests marked ``xfail(strict=True)`` pin worker bugs found while writing this
-file; each reason says what is wrong, so the mark comes off when it is fixed.
+Several tests guard against worker bugs found while this file was written
+(crash after the grace, releases that spent attempts, slow idle stops, oversize
+outputs): each fails if its bug comes back.
 """
 
 from __future__ import annotations
