@@ -414,12 +414,20 @@ def _id_ms(segment_id: str) -> int:
 
 
 async def _children(store: Store, prefix: str) -> AsyncIterator[str]:
-    """Distinct next path components under ``prefix``, one LIST per child (skip scan)."""
+    """Distinct next path components under ``prefix``, one LIST per child (skip scan).
+
+    Stores that list in directory order rather than byte order (SeaweedFS) may
+    make the scan stop early; it never repeats a name.
+    """
     start: str | None = None
+    seen: set[str] = set()
     while True:
         page = await store.list(prefix, start_after=start, limit=1)
         if not page.items:
             return
         name = page.items[0].key[len(prefix):].split("/", 1)[0]
+        if name in seen:
+            return
+        seen.add(name)
         yield name
         start = f"{prefix}{name}/\U0010ffff"

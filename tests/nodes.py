@@ -13,7 +13,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from okq.client import Client
+from okq.server.schemas import ItemOut
+
 KEYS = "acceptance-key-0123456789abcdef"
+
+
+async def live_items(url: str, queue: str) -> list[ItemOut]:
+    """Every live item of a queue, page by page, without leasing."""
+    got: list[ItemOut] = []
+    after: str | None = None
+    async with Client(url) as c:
+        while True:
+            page = await c.list_items(queue, limit=1000, start_after=after)
+            got.extend(page.items)
+            after = page.next_start_after
+            if after is None:
+                return got
 
 
 def free_port() -> int:

@@ -14,6 +14,7 @@ every HTTP port is picked such that port + 10000 is free as well.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import os
@@ -92,7 +93,28 @@ def _loopback_only(endpoint: str) -> str:
 # -- moto -----------------------------------------------------------------------
 
 
-class MotoServer:
+class _Server(abc.ABC):
+    """A server started by ``start()`` and stopped by ``stop()``; a context manager."""
+
+    @abc.abstractmethod
+    def start(self) -> Self: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class MotoServer(_Server):
     """moto's S3 server in a thread of this process, on a free loopback port.
 
     Functional tests only: its conditional writes are not atomic under
@@ -121,16 +143,6 @@ class MotoServer:
             self._server.stop()
             self._server = None
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- SeaweedFS ------------------------------------------------------------------
@@ -193,7 +205,7 @@ def _port_answers(port: int, timeout: float = 0.25) -> bool:
         return False
 
 
-class SeaweedServer:
+class SeaweedServer(_Server):
     """``weed mini`` on loopback in a temporary directory, with a bucket ready."""
 
     def __init__(self, bucket: str = BUCKET, start_timeout: float = 60.0) -> None:
@@ -324,16 +336,6 @@ class SeaweedServer:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 if __name__ == "__main__":  # a quick manual probe: python -m tests.servers

@@ -40,7 +40,7 @@ import pytest
 
 from okq.client import Client
 from okq.server import schemas as s
-from tests.nodes import Node, free_port, okq_node
+from tests.nodes import Node, free_port, live_items, okq_node
 
 _SCRIPT = Path(sys.executable).with_name("okq")
 OKQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "okq.cli"]
@@ -159,20 +159,8 @@ def sync(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-async def _live(url: str, queue: str) -> list[s.ItemOut]:
-    got: list[s.ItemOut] = []
-    after: str | None = None
-    async with Client(url) as c:
-        while True:
-            page = await c.list_items(queue, limit=1000, start_after=after)
-            got.extend(page.items)
-            after = page.next_start_after
-            if after is None:
-                return got
-
-
 def live(url: str, queue: str) -> list[s.ItemOut]:
-    return sync(_live(url, queue))
+    return sync(live_items(url, queue))
 
 
 def payloads(items: list[s.ItemOut]) -> Counter[bytes]:

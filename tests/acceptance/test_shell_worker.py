@@ -28,7 +28,7 @@ import pytest
 
 from okq.client import Client
 from okq.server import schemas as s
-from tests.nodes import Node, okq_node
+from tests.nodes import Node, live_items, okq_node
 
 _SCRIPT = Path(sys.executable).with_name("okq")
 OKQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "okq.cli"]
@@ -75,21 +75,9 @@ def setup(url: str, queues: dict[str, dict[str, Any]], fill: str | None = None,
     sync(_setup(url, queues, fill, items or []))
 
 
-async def _items(url: str, queue: str) -> list[s.ItemOut]:
-    got: list[s.ItemOut] = []
-    after: str | None = None
-    async with Client(url) as c:
-        while True:
-            page = await c.list_items(queue, limit=1000, start_after=after)
-            got.extend(page.items)
-            after = page.next_start_after
-            if after is None:
-                return got
-
-
 def items(url: str, queue: str) -> list[s.ItemOut]:
     """Every live item of a queue, without leasing."""
-    return sync(_items(url, queue))
+    return sync(live_items(url, queue))
 
 
 def texts(url: str, queue: str) -> Counter[str]:
