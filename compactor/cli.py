@@ -14,12 +14,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import ValidationError
 
-from compactor.core import Compactor, CompactorOptions, Report
+from compactor.core import Compactor, CompactorOptions, Report, children
 from okq.cli import _settings_options
 from okq.engine import Engine, generate_key
 from okq.errors import OkqError
+from okq.keys import NAME_RE
 from okq.settings import Settings
-from okq.store import open_store
+from okq.store import Store, open_store
 from okq.tokens import TokenSigner
 
 log = logging.getLogger("okq.compactor")
@@ -67,10 +68,12 @@ class Metrics:
 @click.option("--lease-grace", type=float, default=60.0, show_default=True,
               help="seconds a collected segment's lease object outlives it (longer than "
               "any node's request)")
+@click.option("--all-namespaces", is_flag=True,
+              help="compact every namespace found in the store, not only --namespace")
 @click.option("--metrics-port", type=int, default=None,
               help="serve Prometheus metrics on this port (default: none)")
 def main(once: bool, interval: float, safety_age: float, lease_grace: float,
-         metrics_port: int | None, **flags: Any) -> None:
+         all_namespaces: bool, metrics_port: int | None, **flags: Any) -> None:
     """Compact okq queues: fold tombstones, merge segments, enforce retention, collect
     garbage."""
     try:
@@ -84,19 +87,24 @@ def main(once: bool, interval: float, safety_age: float, lease_grace: float,
         log.warning("a safety age under 120 s can abort produces of nodes whose clocks lag")
     try:
         options = CompactorOptions(safety_age=safety_age, lease_grace=lease_grace)
-        asyncio.run(run(settings, options, once, interval, metrics_port))
+        asyncio.run(run(settings, options, once, interval, metrics_port, all_namespaces))
     except (OkqError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
 async def run(settings: Settings, options: CompactorOptions, once: bool, interval: float,
-              metrics_port: int | None) -> None:
+              metrics_port: int | None, all_namespaces: bool = False) -> None:
     store = open_store(settings.store, endpoint_url=settings.endpoint_url)
-    # The compactor mints no lease tokens: any key will do.
-    engine = Engine(store, TokenSigner([generate_key()]), namespace=settings.namespace,
-                    options=settings.engine_options())
-    await engine.start(self_check=settings.self_check)
-    compactor = Compactor(engine, options=options)
+    signer = TokenSigner([generate_key()])  # the compactor mints no lease tokens
+    engines: dict[str, Compactor] = {}
+
+    def compactor_for(ns: str) -> Compactor:
+        if ns not in engines:
+            engine = Engine(store, signer, namespace=ns, options=settings.engine_options())
+            engines[ns] = Compactor(engine, options=options)
+        return engines[ns]
+
+    await compactor_for(settings.namespace).engine.start(self_check=settings.self_check)
     metrics = Metrics()
     runner = await _serve_metrics(metrics, settings.host, metrics_port) if metrics_port else None
     stop = asyncio.Event()
@@ -105,25 +113,39 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
         loop.add_signal_handler(sig, stop.set)
     try:
         while not stop.is_set():
-            report = await compactor.run_once()
-            metrics.record(report)
-            log.info(
-                "pass over namespace %s: %d queues, %d segments folded, %d merged into %d, "
-                "%d items moved, %d expired, %d objects (%d bytes) deleted in %.2fs",
-                settings.namespace, report.queues, report.segments_folded,
-                report.segments_merged, report.merged_into, report.items_moved,
-                report.items_expired, report.objects_deleted, report.bytes_reclaimed,
-                report.seconds,
-            )
+            names = await namespaces(store) if all_namespaces else [settings.namespace]
+            for ns in names:
+                report = await compactor_for(ns).run_once()
+                metrics.record(report)
+                log.info(
+                    "pass over namespace %s: %d queues, %d segments folded, %d merged into "
+                    "%d, %d items moved, %d expired, %d objects (%d bytes) deleted in %.2fs",
+                    ns, report.queues, report.segments_folded,
+                    report.segments_merged, report.merged_into, report.items_moved,
+                    report.items_expired, report.objects_deleted, report.bytes_reclaimed,
+                    report.seconds,
+                )
             if once:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
     finally:
-        await engine.close()
+        for c in engines.values():
+            await c.engine.close()
         await store.close()
         if runner is not None:
             await runner.cleanup()
+
+
+async def namespaces(store: Store) -> list[str]:
+    """Namespaces that hold at least one queue manifest."""
+    found = []
+    async for name in children(store, ""):
+        if NAME_RE.fullmatch(name):
+            page = await store.list(f"{name}/manifests/", limit=1)
+            if page.items:
+                found.append(name)
+    return found
 
 
 async def _serve_metrics(metrics: Metrics, host: str, port: int) -> web.AppRunner:

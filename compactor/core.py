@@ -386,7 +386,7 @@ class Compactor:
         queues = set(await self.engine.list_queues())
         grace = max(self.opts.safety_age, self.opts.lease_grace)
         for kind, min_age in (("segments", self.opts.safety_age), ("leases", grace)):
-            async for name in _children(self.store, f"{self.ns}/{kind}/"):
+            async for name in children(self.store, f"{self.ns}/{kind}/"):
                 if name not in queues:
                     await self._delete_old(f"{self.ns}/{kind}/{name}/", lambda sid: True,
                                            report, min_age=min_age)
@@ -413,7 +413,7 @@ def _id_ms(segment_id: str) -> int:
         return 0
 
 
-async def _children(store: Store, prefix: str) -> AsyncIterator[str]:
+async def children(store: Store, prefix: str) -> AsyncIterator[str]:
     """Distinct next path components under ``prefix``, one LIST per child (skip scan).
 
     Stores that list in directory order rather than byte order (SeaweedFS) may

@@ -106,3 +106,21 @@ async def test_narrow_segments_stay_deliverable_after_compactor_once(tmp_path: P
             while batch := await c.lease("jobs", 1000):
                 got += batch
             assert len(got) == 400
+
+
+async def test_all_namespaces(tmp_path: Path) -> None:
+    from tests.engines import make_engine
+
+    root = tmp_path / "data"
+    store = FileStore(root)
+    for ns in ("team-a", "team-b"):
+        e = make_engine(store, namespace=ns)
+        await e.create_queue("q")
+        await e.produce("q", [b"x", b"y"])
+        await e.complete([i.token for i in await e.lease("q", 10)])
+    proc = run_compactor(f"file://{root}", "--all-namespaces")
+    assert proc.returncode == 0, proc.stderr
+    for ns in ("team-a", "team-b"):
+        assert f"pass over namespace {ns}: 1 queues, 1 segments folded" in proc.stderr
+    assert [i.key async for i in list_all(store, "")] == [
+        "team-a/manifests/q", "team-b/manifests/q"]
