@@ -257,7 +257,8 @@ def test_sigterm_finishes_running_commands_then_a_second_run_finishes_the_queue(
     first = work(node.url, *opts, *command)
     wait_until("40 outputs", lambda: stats(node.url, "t-out").available >= 40)
     one = first.stop().summary()
-    assert first.stopped_in is not None and first.stopped_in < 5  # commands take 0.2 s
+    # commands take 0.2 s: far under the 30 s grace, with room for a busy machine
+    assert first.stopped_in is not None and first.stopped_in < 10
 
     st = stats(node.url, "t-in")
     assert st.in_flight == 0  # everything running finished; nothing left leased
@@ -288,7 +289,7 @@ def test_sigterm_after_grace_releases_running_items(node: Node) -> None:
     wait_until("four leases", lambda: stats(node.url, "g-in").in_flight == 4)
     time.sleep(0.5)  # the commands are running
     summary = worker.stop().summary()
-    assert worker.stopped_in is not None and worker.stopped_in < 4
+    assert worker.stopped_in is not None and worker.stopped_in < 8  # grace 0.5; sleeps 10 s
     assert summary == {"completed": 0, "retried": 0, "dead": 0, "released": 4, "outputs": 0}
 
     st = stats(node.url, "g-in")
@@ -332,12 +333,13 @@ def test_idle_worker_stops_promptly(node: Node) -> None:
     began = time.monotonic()
     worker.proc.send_signal(signal.SIGTERM)
     try:
-        worker.proc.wait(3)
+        worker.proc.wait(10)
     except subprocess.TimeoutExpired:
         worker.proc.kill()  # measured: no need to sit out the rest of the poll
     stopped_in = time.monotonic() - began
     worker.wait(30)
-    assert stopped_in < 3, f"stopped in {stopped_in:.1f}s"
+    # within one long poll (2 s) and the process's exit, with room for a busy machine
+    assert stopped_in < 6, f"stopped in {stopped_in:.1f}s"
 
 
 def test_summary_counts_items_dead_lettered_by_max_attempts(node: Node) -> None:
