@@ -81,6 +81,7 @@ class Cell(Generic[T]):
         self.fetched_ms: int | None = None  # None: nothing cached
         self.conflict_ms = 0  # last time a write lost a race
         self._pending: list[_Pending] = []
+        self._shared_read: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     # -- reading -----------------------------------------------------------
@@ -95,10 +96,18 @@ class Cell(Generic[T]):
 
     async def read(self, max_age_ms: int = 0) -> T | None:
         """A decoded copy no older than ``max_age_ms`` (by this process's clock);
-        0 always reads the store."""
-        if (self.fetched_ms is None or max_age_ms <= 0
-                or self.clock.now_ms() - self.fetched_ms > max_age_ms):
+        0 always reads the store.
+
+        Readers that accept an old copy share one GET when several find the cache
+        too old at once. A read with ``max_age_ms=0`` (and every writer) reads on
+        its own: it must see what happened before it was asked.
+        """
+        if max_age_ms <= 0:
             await self.refresh()
+        elif self.fetched_ms is None or self.clock.now_ms() - self.fetched_ms > max_age_ms:
+            if self._shared_read is None or self._shared_read.done():
+                self._shared_read = asyncio.ensure_future(self.refresh())
+            await asyncio.shield(self._shared_read)
         return self.cached()
 
     def cached(self) -> T | None:

@@ -235,6 +235,27 @@ class SyncClient:
 Handler = Callable[[s.LeasedItemOut], Awaitable[None]]
 
 
+def backoff_until(attempts: int, base: float, cap: float) -> datetime:
+    """When to retry after ``attempts`` deliveries: ``base * 2**(attempts-1)`` seconds,
+    capped, with jitter (50-100 %)."""
+    delay = min(cap, base * 2 ** (attempts - 1)) * (0.5 + random.random() / 2)
+    return datetime.now(UTC) + timedelta(seconds=delay)
+
+
+async def keep_renewed(client: Client, queue: str, item: s.LeasedItemOut,
+                       lease_timeout: float) -> None:
+    """Renew a lease every half lease timeout until cancelled or the lease is lost."""
+    while True:
+        await asyncio.sleep(lease_timeout / 2)
+        try:
+            await client.renew(queue, item.token, lease_timeout)
+        except LeaseLost:
+            log.warning("lease of %s was lost while it was being worked on", item.id)
+            return
+        except OkqError as exc:
+            log.warning("renewing %s failed: %s; will try again", item.id, exc)
+
+
 class Worker:
     """Lease items and run ``handler`` on each, at most ``concurrency`` at a time.
 
@@ -321,7 +342,8 @@ class Worker:
                                     count_attempt=False)
 
     async def _process(self, item: s.LeasedItemOut) -> None:
-        renewer = asyncio.create_task(self._renew(item))
+        renewer = asyncio.create_task(
+            keep_renewed(self.client, self.queue, item, self.lease_timeout))
         try:
             await self.handler(item)
         except Exception as exc:  # the handler's failure is the item's failure
@@ -341,22 +363,9 @@ class Worker:
             self._slots.release()
 
     async def _retry(self, item: s.LeasedItemOut, exc: Exception) -> None:
-        delay = min(self.backoff_max, self.backoff_base * 2 ** (item.attempts - 1))
-        delay *= 0.5 + random.random() / 2
-        retry_at = datetime.now(UTC) + timedelta(seconds=delay)
+        retry_at = backoff_until(item.attempts, self.backoff_base, self.backoff_max)
         try:
             await self.client.retry(self.queue, item.token, retry_at=retry_at,
                                     error=f"{type(exc).__name__}: {exc}")
         except LeaseLost:
             pass
-
-    async def _renew(self, item: s.LeasedItemOut) -> None:
-        while True:
-            await asyncio.sleep(self.lease_timeout / 2)
-            try:
-                await self.client.renew(self.queue, item.token, self.lease_timeout)
-            except LeaseLost:
-                log.warning("lease of %s lost while its handler runs", item.id)
-                return
-            except OkqError as exc:
-                log.warning("renewing %s failed: %s; will try again", item.id, exc)

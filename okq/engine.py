@@ -48,6 +48,7 @@ from okq.model import (
     DONE,
     LEASED,
     OUTPUTS_PENDING,
+    ItemState,
     LeaseObject,
     Manifest,
     QueueConfig,
@@ -329,18 +330,7 @@ class Engine:
     # -- produce -------------------------------------------------------------
     async def produce(self, queue: str, items: Sequence[NewItem | bytes]) -> list[str]:
         """Publish items; returns their ids once the manifest CAS has landed."""
-        batch = [i if isinstance(i, NewItem) else NewItem(i) for i in items]
-        self._check_batch(len(batch), "items")
-        for n, item in enumerate(batch):
-            if len(item.payload) > self.opts.max_item_bytes:
-                raise TooLarge(
-                    f"items[{n}] is {len(item.payload)} bytes; the limit is "
-                    f"{self.opts.max_item_bytes}",
-                    field=f"items[{n}]",
-                )
-            if item.enqueue_at_ms is not None and not 0 <= item.enqueue_at_ms <= MAX_TIME_MS:
-                raise InvalidRequest(f"items[{n}].enqueue_at is out of range",
-                                     field=f"items[{n}].enqueue_at")
+        batch = self._new_items(items, "items")
         q = self._q(queue)
         await self._manifest(q, 60)  # a missing queue fails before a segment is written
         try:
@@ -351,6 +341,22 @@ class Engine:
             raise
         q.wake.set()
         return ids
+
+    def _new_items(self, items: Sequence[NewItem | bytes], field_name: str) -> list[NewItem]:
+        """The items of a produce, checked against the limits."""
+        batch = [i if isinstance(i, NewItem) else NewItem(i) for i in items]
+        self._check_batch(len(batch), field_name)
+        for n, item in enumerate(batch):
+            if len(item.payload) > self.opts.max_item_bytes:
+                raise TooLarge(
+                    f"{field_name}[{n}] is {len(item.payload)} bytes; the limit is "
+                    f"{self.opts.max_item_bytes}",
+                    field=f"{field_name}[{n}]",
+                )
+            if item.enqueue_at_ms is not None and not 0 <= item.enqueue_at_ms <= MAX_TIME_MS:
+                raise InvalidRequest(f"{field_name}[{n}].enqueue_at is out of range",
+                                     field=f"{field_name}[{n}].enqueue_at")
+        return batch
 
     def _check_batch(self, n: int, field_name: str) -> None:
         if n < 1 or n > self.opts.max_batch:
@@ -594,12 +600,7 @@ class Engine:
         retried call returns the ids of the first one's outputs.
         """
         d, q = self._delivery(token, queue=queue)
-        batch = [i if isinstance(i, NewItem) else NewItem(i) for i in items]
-        self._check_batch(len(batch), "outputs.items")
-        for n, item in enumerate(batch):
-            if len(item.payload) > self.opts.max_item_bytes:
-                raise TooLarge(f"outputs.items[{n}] is over {self.opts.max_item_bytes} bytes",
-                               field=f"outputs.items[{n}]")
+        batch = self._new_items(items, "outputs.items")
         outq = self._q(out_queue, "outputs.queue_name")
         await self._manifest(outq, 60)
         sm = await outq.publisher.write_segment(batch)
@@ -816,22 +817,11 @@ class Engine:
             seg = await self._segment(q, sm)
             for idx in range(sm.count):
                 st = obj.items.get(idx)
-                ready = tr.ready_at(st, self._fresh_ready(sm, idx))
-                if st is not None and st.s == LEASED and st.t > now:
-                    s.in_flight += 1
-                elif ready is not None and ready <= now:
-                    s.available += 1
+                state, _ = _classify(st, fresh_ready_ms(sm, seg.items[idx]), now)
+                setattr(s, state, getattr(s, state) + 1)
+                if state == "available":
                     born = seg.items[idx].born_ms or sm.created_ms
                     oldest = born if oldest is None else min(oldest, born)
-                elif ready is not None:
-                    if st is None:
-                        s.scheduled += 1
-                    else:
-                        s.waiting_retry += 1
-                elif st is not None and st.s in (DONE, OUTPUTS_PENDING):
-                    s.completed += 1
-                else:
-                    s.dead_lettered += 1
         s.oldest_age_s = 0.0 if oldest is None else max(0, now - oldest) / 1000
         if m.config.dead_queue:
             try:
@@ -842,26 +832,39 @@ class Engine:
         return s
 
 
+def _classify(st: ItemState | None, fresh_ready: int, now: int) -> tuple[str, int | None]:
+    """An item's state as stats counts it (a QueueStats field), and its ready time."""
+    ready = tr.ready_at(st, fresh_ready)
+    if st is not None and st.s == LEASED and st.t > now:
+        return "in_flight", st.t
+    if ready is not None:
+        if ready <= now:
+            return "available", ready
+        return ("scheduled" if st is None else "waiting_retry"), ready
+    if st is not None and st.s in (DONE, OUTPUTS_PENDING):
+        return "completed", None
+    return "dead_lettered", None
+
+
+#: What browsing calls the live states; the others are gone from the user's view.
+_BROWSE_STATES = {"in_flight": "leased", "available": "available",
+                  "scheduled": "scheduled", "waiting_retry": "waiting"}
+
+
 def _browsed(
     sm: SegmentMeta, seg: Segment, obj: LeaseObject, idx: int, now: int
 ) -> BrowsedItem | None:
     st = obj.items.get(idx)
     item = seg.items[idx]
-    ready = tr.ready_at(st, fresh_ready_ms(sm, item))
-    if st is not None and st.s == LEASED and st.t > now:
-        state = "leased"
-    elif ready is not None and ready <= now:
-        state = "available"
-    elif ready is not None:
-        state = "scheduled" if st is None else "waiting"
-    else:
+    state, when = _classify(st, fresh_ready_ms(sm, item), now)
+    if state not in _BROWSE_STATES:
         return None  # completed or dead-lettered: gone
     return BrowsedItem(
         item_id(sm.id, idx),
-        state,
+        _BROWSE_STATES[state],
         st.attempts if st else 0,
         item.born_ms or sm.created_ms,
-        st.t if st is not None and st.s == LEASED else ready,
+        when,
         item.payload,
         item.meta,
         st.err if st else None,

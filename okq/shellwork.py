@@ -20,9 +20,8 @@ import os
 import random
 import signal
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 
-from okq.client import Client
+from okq.client import Client, backoff_until, keep_renewed
 from okq.errors import InvalidRequest, LeaseLost, OkqError, TooLarge
 from okq.server.schemas import LeasedItemOut
 
@@ -129,7 +128,8 @@ class ShellWorker:
         return items[0] if items else None
 
     async def _handle(self, item: LeasedItemOut) -> None:
-        renewer = asyncio.create_task(self._renew(item))
+        renewer = asyncio.create_task(
+            keep_renewed(self.client, self.o.queue, item, self.o.lease_timeout))
         try:
             result = await self._run_command(item)
         finally:
@@ -219,9 +219,7 @@ class ShellWorker:
         self.stats.dead += 1
 
     async def _retry(self, item: LeasedItemOut, error: str) -> None:
-        delay = min(self.o.backoff_max, self.o.backoff_base * 2 ** (item.attempts - 1))
-        delay *= 0.5 + random.random() / 2
-        retry_at = datetime.now(UTC) + timedelta(seconds=delay)
+        retry_at = backoff_until(item.attempts, self.o.backoff_base, self.o.backoff_max)
         try:
             await self.client.retry(self.o.queue, item.token, retry_at=retry_at, error=error)
         except LeaseLost:
@@ -242,14 +240,3 @@ class ShellWorker:
         except OkqError as exc:
             log.warning("releasing %s failed: %s; it returns when its lease expires",
                         item.id, exc)
-
-    async def _renew(self, item: LeasedItemOut) -> None:
-        while True:
-            await asyncio.sleep(self.o.lease_timeout / 2)
-            try:
-                await self.client.renew(self.o.queue, item.token, self.o.lease_timeout)
-            except LeaseLost:
-                log.warning("lease of %s was lost while its command ran", item.id)
-                return
-            except OkqError as exc:
-                log.warning("renewing %s failed: %s", item.id, exc)
