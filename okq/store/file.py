@@ -7,6 +7,12 @@ Conditional writes are atomic across processes on one machine: the check and
 the rename happen under an exclusive ``flock`` on a per-key lock file kept in
 ``DIR/.locks``. ETags are the MD5 of the content, as on S3.
 
+A conditional write compares the ETag of the bytes on disk, read and hashed
+under the lock, never a cached one: a file's (inode, mtime, size) does not name
+its version, since inode numbers are reused (two writes of one key alternate
+between two inodes on ext4) and two writes within one timestamp tick share an
+mtime, so A -> B -> C by another process can give C the triple of A.
+
 Blocking file work runs in the default thread pool.
 """
 
@@ -16,6 +22,8 @@ import asyncio
 import fcntl
 import hashlib
 import os
+import stat
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +35,9 @@ from okq.store.memory import etag_of
 
 LOCK_DIR = ".locks"
 LOCK_STRIPES = 1024
+#: A file modified less than this long ago may still share its mtime with a later
+#: write (2 s: FAT's timestamp granularity, the coarsest in use).
+RACY_NS = 2_000_000_000
 #: What reading a key's path raises when no object has that key: nothing there,
 #: a parent that is an object ("a" when reading "a/b"), or a directory that only
 #: holds deeper keys ("a" when "a/b" exists).
@@ -68,17 +79,25 @@ class FileStore:
         return Blob(data, etag_of(data))
 
     def _etag(self, path: Path) -> tuple[str, os.stat_result]:
-        """The file's ETag, hashed once per version: every write renames a new file
-        into place, so (inode, mtime, size) names a version."""
+        """The file's ETag for ``head`` and ``list``, hashed once per version.
+
+        The cache may answer stale (see the module docstring) and is used only where
+        that cannot cause a wrong CAS: ``head`` and ``list`` report, ``_put`` and
+        ``_delete`` re-hash under the lock, and okq makes no decision from a listed
+        or headed ETag. A version is cached only once its mtime is ``RACY_NS``
+        older than the clock, so no later write can land in its tick without a
+        clock step or ``utime`` (the "racily clean" rule of git's index).
+        """
         st = path.stat()
         version = (st.st_ino, st.st_mtime_ns, st.st_size)
         cached = self._etags.get(path)
         if cached is not None and cached[0] == version:
             return cached[1], st
         etag = etag_of(path.read_bytes())
-        if len(self._etags) > 100_000:
-            self._etags.clear()
-        self._etags[path] = (version, etag)
+        if time.time_ns() - st.st_mtime_ns > RACY_NS:
+            if len(self._etags) > 100_000:
+                self._etags.clear()
+            self._etags[path] = (version, etag)
         return etag, st
 
     def _head(self, key: str) -> ObjectInfo:
@@ -90,21 +109,32 @@ class FileStore:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
         return ObjectInfo(key, etag, st.st_size, st.st_mtime)
 
-    def _current_etag(self, path: Path) -> str | None:
+    def _current_etag(self, key: str, path: Path) -> str | None:
+        """The ETag of the bytes on disk now (None: no object), for a CAS check made
+        under the key's lock: hashed from the content, never from the cache."""
         try:
-            return self._etag(path)[0]
+            return etag_of(path.read_bytes())
         except _ABSENT:
             return None
         except OSError as exc:
-            raise StorageError(f"reading {path.name!r}: {exc}") from exc
+            raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
+
+    def _exists(self, key: str, path: Path) -> bool:
+        """Whether an object has this key: a regular file (a directory only holds
+        deeper keys)."""
+        try:
+            return stat.S_ISREG(path.stat().st_mode)
+        except _ABSENT:
+            return False
+        except OSError as exc:
+            raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
 
     def _put(self, key: str, data: bytes, if_match: str | None, if_none_match: bool) -> str:
         path = self._path(key)
         with self._locked(key):
-            current = self._current_etag(path)
-            if if_none_match and current is not None:
+            if if_none_match and self._exists(key, path):
                 raise CASConflict(f"{key!r} already exists", key=key)
-            if if_match is not None and current != if_match:
+            if if_match is not None and self._current_etag(key, path) != if_match:
                 raise CASConflict(f"{key!r} changed", key=key)
             try:
                 _atomic_write(path, data)
@@ -115,7 +145,7 @@ class FileStore:
     def _delete(self, key: str, if_match: str | None) -> None:
         path = self._path(key)
         with self._locked(key):
-            if if_match is not None and self._current_etag(path) != if_match:
+            if if_match is not None and self._current_etag(key, path) != if_match:
                 raise CASConflict(f"{key!r} changed", key=key)
             try:
                 path.unlink()
