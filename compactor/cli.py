@@ -1,12 +1,20 @@
-"""``okq-compactor``: the same Settings as a node, plus how often to run."""
+"""``okq-compactor``: where the state lives, plus how and how often to compact.
+
+Only the flags the compactor uses: the store and namespace settings shared with
+``okq serve`` (same ``OKQ_*`` variables; the node-only ones are still read from
+the environment but have no flag here), and the compactor's own durations,
+which must be finite and positive.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -15,8 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import ValidationError
 
 from compactor.core import Compactor, CompactorOptions, Report, children
-from okq.cli import _settings_options
-from okq.engine import Engine, generate_key
+from okq.engine import Engine, EngineOptions, generate_key
 from okq.errors import OkqError
 from okq.keys import NAME_RE
 from okq.settings import Settings
@@ -58,42 +65,106 @@ class Metrics:
         self.passes.inc()
 
 
-@click.command()
+class Seconds(click.types.FloatParamType):
+    """A finite, positive number of seconds (shown as FLOAT): NaN, infinities,
+    negatives and zero are refused at parse time, naming the flag (exit code 2).
+    Zero is no duration here: no pause between passes, no age, no grace."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        seconds = float(super().convert(value, param, ctx))
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        if seconds <= 0:
+            self.fail(f"{value!r} is not a positive number of seconds", param, ctx)
+        return seconds
+
+
+SECONDS = Seconds()
+#: The Settings fields the compactor uses; the rest are the node's.
+SETTINGS = ("store", "endpoint_url", "namespace", "self_check", "log_level")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+PUBLISH_DEADLINE = EngineOptions().publish_timeout
+
+
+def _settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A flag for each Settings field in ``SETTINGS``, with the description and env
+    variable ``okq serve --help`` shows for it."""
+    for name in reversed(SETTINGS):
+        field = Settings.model_fields[name]
+        flag = "--" + name.replace("_", "-")
+        default = field.default if field.default is not None else "none"
+        text = f"{field.description} [env OKQ_{name.upper()}; default: {default}]"
+        if field.annotation is bool:
+            fn = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(fn)
+        elif name == "log_level":
+            fn = click.option(flag, name, default=None, help=text,
+                              type=click.Choice(LOG_LEVELS, case_sensitive=False))(fn)
+        else:
+            fn = click.option(flag, name, default=None, help=text)(fn)
+    return fn
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @_settings_options
-@click.option("--once", is_flag=True, help="run one pass and exit")
-@click.option("--interval", type=float, default=30.0, show_default=True,
-              help="seconds between passes")
-@click.option("--safety-age", type=float, default=3600.0, show_default=True,
-              help="seconds an unreferenced object must have aged before it is deleted")
-@click.option("--lease-grace", type=float, default=60.0, show_default=True,
-              help="seconds a collected segment's lease object outlives it (longer than "
-              "any node's request)")
 @click.option("--all-namespaces", is_flag=True,
               help="compact every namespace found in the store, not only --namespace")
-@click.option("--metrics-port", type=int, default=None,
+@click.option("--once", is_flag=True, help="run one pass and exit")
+@click.option("--interval", type=SECONDS, default=30.0, show_default=True,
+              help="seconds between passes")
+@click.option("--safety-age", type=SECONDS, default=3600.0, show_default=True,
+              help="seconds an unreferenced object must have aged before it is deleted: "
+              f"more than the nodes' publish deadline ({PUBLISH_DEADLINE:g} s) plus their "
+              "clock error")
+@click.option("--lease-grace", type=SECONDS, default=60.0, show_default=True,
+              help="seconds a collected segment's lease object outlives it (longer than "
+              "any node's request)")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="serve Prometheus metrics on this port (default: none)")
+@click.option("--metrics-host", default=None,
+              help="address for --metrics-port [env OKQ_HOST; default: 127.0.0.1]")
 def main(once: bool, interval: float, safety_age: float, lease_grace: float,
-         all_namespaces: bool, metrics_port: int | None, **flags: Any) -> None:
+         all_namespaces: bool, metrics_port: int | None, metrics_host: str | None,
+         **flags: Any) -> None:
     """Compact okq queues: fold tombstones, merge segments, enforce retention, collect
     garbage."""
-    try:
-        settings = Settings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise click.UsageError(f"--{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    settings = _settings(flags)
+    _check_safety_age(safety_age, settings)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if safety_age < 120:
         log.warning("a safety age under 120 s can abort produces of nodes whose clocks lag")
     try:
         options = CompactorOptions(safety_age=safety_age, lease_grace=lease_grace)
-        asyncio.run(run(settings, options, once, interval, metrics_port, all_namespaces))
+        asyncio.run(run(settings, options, once, interval, metrics_port, all_namespaces,
+                        metrics_host))
     except (OkqError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
+def _settings(flags: dict[str, Any]) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise click.UsageError(f"--{where.replace('_', '-')}: {err['msg']}") from None
+
+
+def _check_safety_age(safety_age: float, settings: Settings) -> None:
+    """An unreferenced segment younger than the nodes' publish deadline may still be
+    published: collecting it would abort that produce, so refuse such an age."""
+    deadline = settings.engine_options().publish_timeout
+    if safety_age <= deadline:
+        raise click.BadParameter(
+            f"{safety_age:g} s is not above the nodes' publish deadline ({deadline:g} s): "
+            "an unreferenced segment that young may still be published",
+            param_hint="'--safety-age'")
+
+
 async def run(settings: Settings, options: CompactorOptions, once: bool, interval: float,
-              metrics_port: int | None, all_namespaces: bool = False) -> None:
+              metrics_port: int | None, all_namespaces: bool = False,
+              metrics_host: str | None = None) -> None:
     store = open_store(settings.store, endpoint_url=settings.endpoint_url)
     signer = TokenSigner([generate_key()])  # the compactor mints no lease tokens
     engines: dict[str, Compactor] = {}
@@ -106,7 +177,8 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
 
     await compactor_for(settings.namespace).engine.start(self_check=settings.self_check)
     metrics = Metrics()
-    runner = await _serve_metrics(metrics, settings.host, metrics_port) if metrics_port else None
+    host = metrics_host or settings.host
+    runner = await _serve_metrics(metrics, host, metrics_port) if metrics_port else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
