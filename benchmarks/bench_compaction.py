@@ -96,8 +96,9 @@ async def main() -> None:
             raw, "default/leases/history/")
         await asyncio.sleep(1.1)  # let the objects age past the 1 s safety age below
         # Nothing else works on this store, so short ages are safe here; a fleet keeps
-        # the defaults (1 h safety age, 60 s lease grace).
-        compactor = Compactor(engine, options=CompactorOptions(safety_age=1, lease_grace=1))
+        # the defaults (1 h safety age, 60 s lease grace, 180 s minimum segment age).
+        compactor = Compactor(engine, options=CompactorOptions(safety_age=1, lease_grace=1,
+                                                               min_age=0))
         report = await compactor.compact_queue("history")
         after = await footprint(raw, "default/")
         after_history = await footprint(raw, "default/segments/history/"), await footprint(

@@ -30,6 +30,7 @@ other's commit finds its sources gone and drops its group.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -72,6 +73,25 @@ class CompactorOptions:
     merge_below: int = 500  # segments with fewer live items are merge candidates
     merge_target: int = 10_000  # most items in one merged segment
     merge_target_bytes: int = 16 << 20
+    # Seconds a segment must have existed before a pass folds, merges or seals
+    # it. None: the engine's publish timeout plus twice its clock-skew bound, so
+    # that a publisher re-applying an ambiguous publish within its deadline
+    # always finds its segment listed (docs/DESIGN.md, "Ambiguous writes").
+    # Lower it only in tests that do not exercise ambiguous publishes.
+    min_age: float | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse ages no pass can honour: negative, NaN or infinite seconds (an
+        infinite age never collects; a negative one would date objects in the
+        future). Zero is allowed, for passes on a manual clock (``okq-compactor``
+        refuses a safety age below the nodes' publish deadline); whatever the
+        options, ``_commit`` never sets the GC floor above the compactor's now."""
+        for name in ("safety_age", "lease_grace", "min_age"):
+            value = getattr(self, name)
+            # NaN fails every comparison, so this also refuses it.
+            if value is not None and not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, "
+                                 f"not {value!r}")
 
 
 @dataclass
@@ -161,9 +181,11 @@ class Compactor:
         segs = [await self._walk(queue, sm) for sm in m.segments]
         await self._help(queue, m.config, segs)
         await self._retention(queue, m.config, segs, report)
-        groups = await self._seal_groups(queue, segs)
+        # Young segments are left alone: see CompactorOptions.min_age.
+        settled = [s for s in segs if s.obj.sealed or not self._young(s.meta)]
+        groups = await self._seal_groups(queue, settled)
         merged = [await self._write_merged(queue, g) for g in groups]
-        finished = {s.meta.id for s in segs if s.finished()}
+        finished = {s.meta.id for s in settled if s.finished()}
         replaced = await self._commit(queue, finished, merged)
         report.segments_folded += len(finished)
         for (new, sources, moved) in merged:
@@ -176,6 +198,13 @@ class Compactor:
         self._last_pass[queue] = now_wall
         report.seconds = time.monotonic() - began
         return report
+
+    def _young(self, sm: SegmentMeta) -> bool:
+        min_age = self.opts.min_age
+        if min_age is None:
+            o = self.engine.opts
+            min_age = o.publish_timeout + 2 * o.max_clock_skew
+        return self.clock.now_ms() - sm.created_ms < min_age * 1000
 
     async def _walk(self, queue: str, sm: SegmentMeta) -> _Seg:
         cell = self.engine.lease_cell(queue, sm.id)
@@ -209,8 +238,7 @@ class Compactor:
             if oldest >= cutoff or s.finished() or s.obj.sealed:
                 continue
             seg = await self._segment(queue, s)
-            old = [i for i, st in s.states()
-                   if (st is None or st.s == WAITING)
+            old = [i for i, st in s.states() if _idle(st, now)
                    and (seg.items[i].born_ms or s.meta.created_ms) < cutoff]
             if not old:
                 continue
@@ -220,7 +248,7 @@ class Compactor:
                 done = []
                 for i in old:
                     st = obj.items.get(i)
-                    if st is not None and st.s != WAITING:
+                    if not _idle(st, now_ms):
                         continue  # leased or finished since the walk
                     v = st.v if st else 0
                     attempts = st.attempts if st else 0
@@ -325,7 +353,13 @@ class Compactor:
     ) -> set[str]:
         """One manifest CAS: fold finished segments, swap in merged ones, raise the
         GC floor. Returns the ids of the merged segments it published."""
-        floor = self.clock.now_ms() - int(self.opts.safety_age * 1000)
+        # Never above now - publish_timeout, whatever the options say: a floor in the
+        # future aborts every produce until the clock catches up (it never goes down).
+        # max() keeps its first argument when the second is NaN.
+        age = self.opts.safety_age
+        if not (math.isfinite(age) and age >= 0):  # options changed after validation
+            age = self.engine.opts.publish_timeout
+        floor = self.clock.now_ms() - int(age * 1000)  # never above this clock's now
 
         def commit(m: Manifest, now: int) -> set[str]:
             present = {sm.id for sm in m.segments}
@@ -404,6 +438,12 @@ class Compactor:
             await self.store.delete(info.key)
             report.objects_deleted += 1
             report.bytes_reclaimed += info.size
+
+
+def _idle(st: ItemState | None, now: int) -> bool:
+    """Live and held by nobody: fresh, waiting, or leased with the lease over (an
+    expired lease that nobody re-leased is as good as waiting)."""
+    return st is None or st.s == WAITING or (st.s == LEASED and st.t <= now)
 
 
 def _id_ms(segment_id: str) -> int:

@@ -80,12 +80,17 @@ class Cell(Generic[T]):
         self.data: bytes | None = None
         self.fetched_ms: int | None = None  # None: nothing cached
         self.conflict_ms = 0  # last time a write lost a race
+        self.reads = 0  # GETs issued: lets a caller tell whether a read was fresh
+        self.ambiguous = 0  # writes that failed ambiguously (they may have landed)
+        self._view: T | None = None  # decoded self.data, for readers
+        self._view_of: bytes | None = None
         self._pending: list[_Pending] = []
         self._shared_read: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     # -- reading -----------------------------------------------------------
     async def refresh(self) -> None:
+        self.reads += 1
         try:
             blob = await self.store.get(self.key)
         except ObjectNotFound:
@@ -108,7 +113,14 @@ class Cell(Generic[T]):
             if self._shared_read is None or self._shared_read.done():
                 self._shared_read = asyncio.ensure_future(self.refresh())
             await asyncio.shield(self._shared_read)
-        return self.cached()
+        return self.view()
+
+    def view(self) -> T | None:
+        """The cached object, decoded once per version and shared by readers: it
+        must not be mutated (writers get fresh copies from :meth:`cached`)."""
+        if self.data is None or self._view_of is not self.data:
+            self._view, self._view_of = self.cached(), self.data
+        return self._view
 
     def cached(self) -> T | None:
         if self.data is None:
@@ -205,6 +217,7 @@ class Cell(Generic[T]):
             return False
         except StorageError as exc:
             log.warning("ambiguous write to %s: %s; re-reading", self.key, exc)
+            self.ambiguous += 1
             return await self._landed(obj.nonce)
         self.etag, self.data, self.fetched_ms = etag, data, self.clock.now_ms()
         return True

@@ -8,6 +8,11 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+#: The documented clock-skew bound: every node's and compactor's clock is within
+#: this many milliseconds of the true time, so two clocks differ by at most twice
+#: it. Within the bound okq keeps every promise (docs/DESIGN.md, "Clocks").
+MAX_CLOCK_SKEW_MS = 60_000
+
 
 class Clock(Protocol):
     def now_ms(self) -> int: ...

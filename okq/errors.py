@@ -6,6 +6,7 @@
     ├── StorageError               the object store failed or answered oddly;
     │   │                          a failed write may still have landed
     │   ├── CASConflict            a conditional write lost (412, or 404 on If-Match)
+    │   ├── OutcomeUnknown         an ambiguous write could not be confirmed in time
     │   ├── ObjectNotFound         the key does not exist
     │   └── ConditionalWritesUnsupported
     │                              the start-up self-check found a store that
@@ -14,6 +15,8 @@
     │   └── UnsupportedMediaType   a body that is neither JSON nor msgpack    (HTTP 415)
     ├── QueueNotFound              no manifest for that queue                 (HTTP 404)
     ├── QueueExists                create of a queue that exists              (HTTP 409)
+    ├── QueueInUse                 delete of a queue another queue names as its
+    │                              dead_queue; ``used_by`` names them         (HTTP 409)
     ├── LeaseLost                  stale, expired-and-released or finished lease (HTTP 409)
     ├── InvalidToken               forged, tampered or foreign lease token    (HTTP 400)
     ├── Unauthorized               missing or wrong API key                   (HTTP 401)
@@ -59,6 +62,15 @@ class CASConflict(StorageError):
     status = 409
 
 
+class OutcomeUnknown(StorageError):
+    """A write failed ambiguously and okq cannot tell whether it took effect: a
+    produce whose manifest write may have landed but could not be confirmed
+    before its publish deadline. Retry with an idempotency key to be safe."""
+
+    code = "outcome_unknown"
+    status = 503
+
+
 class ObjectNotFound(StorageError):
     """The key does not exist."""
 
@@ -98,6 +110,13 @@ class QueueNotFound(OkqError):
 
 class QueueExists(OkqError):
     code = "queue_exists"
+    status = 409
+
+
+class QueueInUse(OkqError):
+    """The queue is another queue's ``dead_queue``; ``used_by`` names those queues."""
+
+    code = "queue_in_use"
     status = 409
 
 
@@ -154,12 +173,14 @@ ALL_ERRORS: tuple[type[OkqError], ...] = (
     OkqError,
     StorageError,
     CASConflict,
+    OutcomeUnknown,
     ObjectNotFound,
     ConditionalWritesUnsupported,
     InvalidRequest,
     UnsupportedMediaType,
     QueueNotFound,
     QueueExists,
+    QueueInUse,
     LeaseLost,
     InvalidToken,
     Unauthorized,

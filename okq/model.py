@@ -27,6 +27,11 @@ def new_nonce() -> str:
     return secrets.token_hex(8)
 
 
+def new_request_id() -> str:
+    """A short id for one lease or retry request, recorded in the states it writes."""
+    return secrets.token_hex(4)
+
+
 class QueueConfig(BaseModel):
     """A queue's configuration, kept in its manifest. Times are in seconds."""
 
@@ -88,6 +93,12 @@ class Manifest:
     gc_floor_ms: int = 0  # segments created before this are never published
     ver: int = 0
     nonce: str = ""
+    # The last purge: its request id (so that a purge re-applied after an
+    # ambiguous write does not purge again), and the young segments it dropped
+    # (id -> created_ms), so that a publisher re-applying an ambiguous publish
+    # of one of them learns it was published and then purged.
+    purge_rq: str = ""
+    purged: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -102,6 +113,16 @@ def fresh_ready_ms(sm: SegmentMeta, item: SegmentItem) -> int:
     """When a never-leased item becomes ready: produced, and not before enqueue_at."""
     born = sm.created_ms if item.born_ms is None else item.born_ms
     return max(born, item.enqueue_at_ms or 0)
+
+
+def fresh_due_ms(sm: SegmentMeta, item: SegmentItem) -> int:
+    """When a never-leased item may be leased: its enqueue time if it was scheduled
+    for later than its produce, else 0 (at once). Its produce time, read off the
+    producer's clock, orders it but never holds it back: a reader whose clock is
+    behind must not see a fresh item as "not yet"."""
+    born = sm.created_ms if item.born_ms is None else item.born_ms
+    at = item.enqueue_at_ms
+    return at if at is not None and at > born else 0
 
 
 @dataclass(slots=True)
@@ -131,14 +152,20 @@ class ItemState:
     err: str | None = None
     # For a completion that produced outputs: [queue, segment id, count, created_ms, size]
     out: list[Any] | None = None
+    # The request that made this state (a lease or a retry): a writer whose write
+    # was ambiguous and then overwritten recognises its own change by it.
+    rq: str | None = None
 
     def pack(self) -> list[Any]:
         packed = [self.s, self.v, self.attempts, self.t, self.err]
+        if self.rq is not None:
+            return [*packed, self.out, self.rq]
         return packed if self.out is None else [*packed, self.out]
 
     @classmethod
     def unpack(cls, raw: list[Any]) -> ItemState:
-        return cls(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5] if len(raw) > 5 else None)
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5] if len(raw) > 5 else None,
+                   raw[6] if len(raw) > 6 else None)
 
 
 @dataclass(slots=True)
@@ -185,6 +212,7 @@ def encode_manifest(m: Manifest) -> bytes:
             "gc_floor": m.gc_floor_ms,
             "ver": m.ver,
             "nonce": m.nonce,
+            **({"purge": [m.purge_rq, m.purged]} if m.purge_rq else {}),
         },
     )
 
@@ -192,6 +220,7 @@ def encode_manifest(m: Manifest) -> bytes:
 def decode_manifest(data: bytes) -> Manifest:
     raw = _unpack("manifest", data)
     try:
+        purge_rq, purged = raw.get("purge") or ("", {})
         return Manifest(
             queue=raw["queue"],
             created_ms=raw["created"],
@@ -202,6 +231,8 @@ def decode_manifest(data: bytes) -> Manifest:
             gc_floor_ms=raw["gc_floor"],
             ver=raw["ver"],
             nonce=raw["nonce"],
+            purge_rq=str(purge_rq),
+            purged=dict(purged),
         )
     except (KeyError, TypeError, ValueError, IndexError, OkqError) as exc:
         raise FormatError(f"malformed manifest: {exc}", data=data) from exc

@@ -22,10 +22,18 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from okq.cell import Cell
-from okq.clock import Clock
-from okq.errors import CASConflict, PublishAborted, StorageError
-from okq.keys import item_id, new_segment_id, segment_key
+from okq.cell import Cell, Unchanged
+from okq.clock import MAX_CLOCK_SKEW_MS, Clock
+from okq.errors import (
+    CASConflict,
+    ObjectNotFound,
+    OkqError,
+    OutcomeUnknown,
+    Overloaded,
+    PublishAborted,
+    StorageError,
+)
+from okq.keys import item_id, lease_key, new_segment_id, segment_key
 from okq.model import Manifest, Segment, SegmentItem, SegmentMeta, encode_segment
 from okq.store.base import Store
 
@@ -48,7 +56,7 @@ class _Request:
         self.size = sum(len(i.payload) for i in self.items)
 
 
-class _Redo(Exception):
+class _Redo(OkqError):
     """Keys published elsewhere since the segment was cut: cut it again."""
 
 
@@ -66,6 +74,8 @@ class Publisher:
         idem_window_ms: int,
         max_segment_items: int,
         max_segment_bytes: int,
+        max_idem_keys: int = 20_000,
+        max_clock_skew_ms: int = MAX_CLOCK_SKEW_MS,
     ) -> None:
         self.store = store
         self.ns = namespace
@@ -75,6 +85,10 @@ class Publisher:
         self.linger = linger
         self.publish_timeout_ms = publish_timeout_ms
         self.idem_window_ms = idem_window_ms
+        # Keys are kept for the window plus twice the skew bound, so that the
+        # window holds for a reader whose clock is ahead of the writer's.
+        self.idem_keep_ms = idem_window_ms + 2 * max_clock_skew_ms
+        self.max_idem_keys = max_idem_keys
         self.max_items = max_segment_items
         self.max_bytes = max_segment_bytes
         self._pending: list[_Request] = []
@@ -132,8 +146,7 @@ class Publisher:
             if manifest is None:
                 await self.manifest.refresh()
                 manifest = self.manifest.cached()
-            known = _known_keys(manifest, self.clock.now_ms()) if manifest else {}
-            fresh, ids, twins = _dedupe(items, known)
+            fresh, ids, twins = _dedupe(items, manifest, self.clock.now_ms())
             try:
                 if fresh:
                     await self._publish_segment(items, fresh, ids)
@@ -175,36 +188,80 @@ class Publisher:
             if k is not None and iid is not None:
                 keys[k] = iid
 
-        def publish(m: Manifest, now_ms: int) -> None:
+        ambiguous = self.manifest.ambiguous
+        tried = False  # whether a write carrying this publish was attempted
+
+        def publish(m: Manifest, now_ms: int) -> Unchanged | None:
+            nonlocal tried
+            if meta.id in m.purged or any(s.id == meta.id for s in m.segments):
+                # An earlier, ambiguous write of this very change landed (whoever
+                # wrote since): published once. A compactor never folds or merges
+                # a segment before its publish deadline has passed on every clock
+                # (docs/DESIGN.md, "Ambiguous writes"), so within the deadline
+                # "not listed" means "not published".
+                return Unchanged()
             if now_ms > publish_by:
+                if tried and self.manifest.ambiguous != ambiguous:
+                    raise OutcomeUnknown(
+                        "the store failed while publishing and the publish deadline "
+                        "passed before okq could confirm it: the items may or may not "
+                        "be in the queue (produce with idempotency keys to retry safely)"
+                    )
                 raise PublishAborted("the produce missed its publish deadline; retry it")
             if meta.created_ms < m.gc_floor_ms:
                 raise PublishAborted("the segment fell behind the GC floor; retry the produce")
-            if any(k in _known_keys(m, now_ms) for k in keys):
-                raise _Redo()
+            if any(_live_key(m, k, now_ms) for k in keys):
+                raise _Redo("idempotency keys were published meanwhile")
             _prune_idem(m, now_ms)
+            self._check_room(m, len(keys))
+            expires = now_ms + self.idem_keep_ms
             for k, iid in keys.items():
-                m.idem[k] = [iid, now_ms + self.idem_window_ms]
+                m.idem[k] = [iid, expires]
             m.segments.append(meta)
             m.produced += meta.count
+            tried = True
+            return None
 
         await self.manifest.update(publish)
 
+    def _check_room(self, m: Manifest, adding: int) -> None:
+        """Refuse keyed produces that would grow the idempotency map past its
+        bound: it rides in the manifest, rewritten by every publish."""
+        if adding and len(m.idem) + adding > self.max_idem_keys:
+            raise Overloaded(
+                f"queue {self.queue!r} holds {len(m.idem)} idempotency keys, its limit is "
+                f"{self.max_idem_keys}; keyed produces wait until older keys expire",
+                retry_after=5.0,
+            )
+
     async def publish_written(self, meta: SegmentMeta) -> None:
         """Publish a segment written earlier whose publication is already decided
-        (a completion's outputs). Idempotent: a segment published before, or
-        recorded within the idempotency window, is not published again."""
+        (a completion's outputs). Idempotent however late it comes: a segment is
+        published once if it is listed, recorded by its marker, or has a lease
+        object (its items were leased or sealed, so it was published and a
+        compactor has since folded or merged it away)."""
         marker = f"seg:{meta.id}"
+        if self.clock.now_ms() - meta.created_ms > self.publish_timeout_ms:
+            # Late: the marker may have expired and a compactor may have folded
+            # or merged the segment away (it never does so sooner than this).
+            try:
+                await self.store.head(lease_key(self.ns, self.queue, meta.id))
+            except ObjectNotFound:
+                pass
+            else:
+                return  # published earlier, and compacted away since
 
-        def publish(m: Manifest, now_ms: int) -> None:
-            if marker in _known_keys(m, now_ms) or any(s.id == meta.id for s in m.segments):
-                return
+        def publish(m: Manifest, now_ms: int) -> Unchanged | None:
+            if (_live_key(m, marker, now_ms) or meta.id in m.purged
+                    or any(s.id == meta.id for s in m.segments)):
+                return Unchanged()
             if meta.created_ms < m.gc_floor_ms:
                 raise PublishAborted(f"outputs segment {meta.id} fell behind the GC floor")
             _prune_idem(m, now_ms)
-            m.idem[marker] = [meta.id, now_ms + self.idem_window_ms]
+            m.idem[marker] = [meta.id, now_ms + self.idem_keep_ms]
             m.segments.append(meta)
             m.produced += meta.count
+            return None
 
         await self.manifest.update(publish)
 
@@ -228,17 +285,26 @@ class Publisher:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
-def _known_keys(m: Manifest, now_ms: int) -> dict[str, str]:
-    return {k: v[0] for k, v in m.idem.items() if v[1] > now_ms}
+def _live_key(m: Manifest, key: str, now_ms: int) -> bool:
+    entry = m.idem.get(key)
+    return entry is not None and entry[1] > now_ms
 
 
 def _prune_idem(m: Manifest, now_ms: int) -> None:
-    for k in [k for k, v in m.idem.items() if v[1] <= now_ms]:
+    """Drop expired keys from the front of the map (keys are appended in roughly
+    expiry order), so a publish costs O(expired), not O(map). A key left behind
+    an unexpired one is dropped later; expired keys never count as live."""
+    expired = []
+    for k, v in m.idem.items():
+        if v[1] > now_ms:
+            break
+        expired.append(k)
+    for k in expired:
         del m.idem[k]
 
 
 def _dedupe(
-    items: list[NewItem], known: dict[str, str]
+    items: list[NewItem], m: Manifest | None, now_ms: int
 ) -> tuple[list[int], list[str | None], dict[int, int]]:
     """Indexes of items to publish, ids already known, and in-batch twins (dup -> first)."""
     fresh: list[int] = []
@@ -246,8 +312,8 @@ def _dedupe(
     first: dict[str, int] = {}
     twins: dict[int, int] = {}
     for i, item in enumerate(items):
-        if item.key is not None and item.key in known:
-            ids[i] = known[item.key]
+        if item.key is not None and m is not None and _live_key(m, item.key, now_ms):
+            ids[i] = m.idem[item.key][0]
         elif item.key is not None and item.key in first:
             twins[i] = first[item.key]
         else:

@@ -66,11 +66,14 @@ def lease(
     now: int,
     lease_ms: int,
     max_attempts: int,
+    rq: str | None = None,
 ) -> tuple[list[Leased], list[int]]:
     """Lease each (index, fresh_ready_ms) still available at ``now``.
 
     Items that already had ``max_attempts`` deliveries are not leased but move to
-    DEAD_PENDING; their indexes are returned second.
+    DEAD_PENDING; their indexes are returned second. ``rq`` (the request's id) is
+    recorded in every state written, so that a request re-applied after an
+    ambiguous write finds its own earlier lease: see :func:`recognise`.
     """
     leased: list[Leased] = []
     dead: list[int] = []
@@ -84,12 +87,32 @@ def lease(
         attempts = st.attempts if st else 0
         if max_attempts and attempts >= max_attempts:
             err = st.err if st else None
-            obj.items[index] = ItemState(DEAD_PENDING, v + 1, attempts, now, err)
+            obj.items[index] = ItemState(DEAD_PENDING, v + 1, attempts, now, err, rq=rq)
             dead.append(index)
             continue
-        obj.items[index] = ItemState(LEASED, v + 1, attempts + 1, now + lease_ms, None)
+        obj.items[index] = ItemState(LEASED, v + 1, attempts + 1, now + lease_ms, None, rq=rq)
         leased.append(Leased(index, v + 1, attempts + 1, now + lease_ms))
     return leased, dead
+
+
+def recognise(
+    obj: LeaseObject, wanted: list[tuple[int, int]], rq: str
+) -> tuple[list[Leased], list[int], list[tuple[int, int]]]:
+    """Split ``wanted`` into what request ``rq`` already leased (an earlier write
+    of it landed although its writer saw an error), what it already moved to
+    the dead-letter path, and the rest, still to try."""
+    leased: list[Leased] = []
+    dead: list[int] = []
+    rest: list[tuple[int, int]] = []
+    for index, fresh_ready in wanted:
+        st = obj.items.get(index)
+        if st is not None and st.rq == rq and st.s == LEASED:
+            leased.append(Leased(index, st.v, st.attempts, st.t))
+        elif st is not None and st.rq == rq and st.s in (DEAD_PENDING, DEAD):
+            dead.append(index)
+        else:
+            rest.append((index, fresh_ready))
+    return leased, dead, rest
 
 
 def current(obj: LeaseObject, index: int, v: int) -> ItemState:
@@ -149,6 +172,20 @@ def finish_outputs(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
     return Unchanged()
 
 
+def abandon_outputs(
+    obj: LeaseObject, index: int, v: int, now: int, reason: str, back: bool = False
+) -> bool | Unchanged:
+    """P(v) -> X when its outputs can never be published: the completion did not
+    take, and the item goes the way of a dead letter with ``reason``; or, with
+    ``back``, P(v) -> W (ready now), the item waiting in its queue again."""
+    st = obj.items.get(index)
+    if st is not None and st.s == OUTPUTS_PENDING and st.v == v:
+        state = WAITING if back else DEAD_PENDING
+        obj.items[index] = ItemState(state, v, st.attempts, now, reason)
+        return True
+    return Unchanged(False)
+
+
 def retry(
     obj: LeaseObject,
     index: int,
@@ -159,20 +196,32 @@ def retry(
     error: str | None,
     max_attempts: int,
     count_attempt: bool = True,
-) -> bool:
+    rq: str | None = None,
+) -> bool | Unchanged:
     """Release the delivery. Returns True when the item must go to the dead-letter queue.
 
     With ``count_attempt=False`` the delivery is given back uncounted (a worker
-    that is stopping and never ran it).
+    that is stopping and never ran it). A retry re-applied after its own
+    ambiguous write landed (the state carries its ``rq``) changes nothing and
+    answers as the first time.
     """
+    st = obj.items.get(index)
+    if rq is not None and st is not None and st.rq == rq and st.v == v:
+        if st.s in (WAITING, DEAD_PENDING, DEAD):
+            return Unchanged(st.s != WAITING)
     st = current(obj, index, v)
-    attempts = st.attempts if count_attempt else max(0, st.attempts - 1)
+    attempts = retry_attempts(st, count_attempt)
     if dead or (max_attempts and attempts >= max_attempts):
-        obj.items[index] = ItemState(DEAD_PENDING, v, attempts, now, error)
+        obj.items[index] = ItemState(DEAD_PENDING, v, attempts, now, error, rq=rq)
         return True
     ready = max(now, retry_at_ms or now)
-    obj.items[index] = ItemState(WAITING, v, attempts, ready, error)
+    obj.items[index] = ItemState(WAITING, v, attempts, ready, error, rq=rq)
     return False
+
+
+def retry_attempts(st: ItemState, count_attempt: bool) -> int:
+    """The attempts an item has after its current delivery is released."""
+    return st.attempts if count_attempt else max(0, st.attempts - 1)
 
 
 def finish_dead(obj: LeaseObject, index: int, v: int) -> Unchanged | None:

@@ -1,15 +1,26 @@
 """The compactor as a process (``python -m compactor`` / ``okq-compactor``) next to
-a real ``okq serve`` node on a file store, driven by the Python client."""
+a real ``okq serve`` node on a file store, driven by the Python client.
+
+The command refuses a safety age below the nodes' publish deadline, and a pass
+leaves segments younger than the publish deadline plus twice the clock-skew
+bound alone. So the history a pass is to fold, merge or collect is written
+in-process by an engine on a clock two hours back, and its files are dated back
+as far; what the node adds during a test is young and stays.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from okq import Engine, ManualClock
 from okq.client import Client
 from okq.store import FileStore, list_all
+from tests.engines import make_engine
 from tests.nodes import okq_node
 
 PASS_LINE = re.compile(
@@ -21,8 +32,22 @@ PASS_LINE = re.compile(
 def run_compactor(store_url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "compactor", "--store", store_url, "--once",
-         "--safety-age", "0", "--lease-grace", "0", "--log-level", "INFO", *extra],
+         "--safety-age", "61", "--lease-grace", "1", "--log-level", "INFO", *extra],
         capture_output=True, text=True, timeout=60, check=False)
+
+
+def past_engine(root: Path) -> Engine:
+    """An engine whose clock is two hours back: it writes old history."""
+    return make_engine(FileStore(root), ManualClock(time.time_ns() // 1_000_000 - 7_200_000))
+
+
+def date_back(root: Path, seconds: float = 7200) -> None:
+    """Make every object look ``seconds`` old to the collector."""
+    then = time.time() - seconds
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".locks"]
+        for name in filenames:
+            os.utime(Path(dirpath) / name, (then, then))
 
 
 async def objects(root: Path) -> list[str]:
@@ -45,16 +70,18 @@ def test_okq_compactor_help() -> None:
 async def test_compactor_once_next_to_a_running_node(tmp_path: Path) -> None:
     root = tmp_path / "data"
     url = f"file://{root}"
+    past = past_engine(root)
+    await past.create_queue("jobs")
+    for n in range(6):  # six segments, every item completed
+        await past.produce("jobs", [f"done-{n}-{k}".encode() for k in range(5)])
+    items = await past.lease("jobs", 100)
+    assert len(items) == 30
+    await past.complete([i.token for i in items])
+    # one segment with live items only: not worth rewriting, so left alone
+    keep = await past.produce("jobs", [f"keep-{k}".encode() for k in range(4)])
+    date_back(root)
     with okq_node(url, tmp_path) as node:
         async with Client(node.url) as c:
-            await c.create_queue("jobs")
-            for n in range(6):  # six segments, every item completed
-                await c.produce("jobs", [f"done-{n}-{k}" for k in range(5)])
-            items = await c.lease("jobs", 100)
-            assert len(items) == 30
-            assert await c.complete("jobs", [i.token for i in items]) == 30
-            # one segment with live items only: not worth rewriting, so left alone
-            keep = await c.produce("jobs", [f"keep-{k}" for k in range(4)])
             before = await c.stats("jobs")
             assert (before.available, before.completed, before.segments) == (4, 30, 7)
             assert len(await objects(root)) == 1 + 7 + 6  # manifest, segments, lease objects
@@ -82,25 +109,34 @@ async def test_compactor_once_next_to_a_running_node(tmp_path: Path) -> None:
             assert (final.available, final.in_flight, final.completed, final.segments) == (
                 0, 0, 5, 2)
 
-            # A second pass folds those, and the queue is empty and tidy.
+            # A second pass folds the old segment and collects it; its lease object,
+            # written by the node just now, outlives it by the safety age. The
+            # segment the node just wrote is younger than the publish deadline plus
+            # twice the skew bound: it stays listed (finished) until a later pass.
             again = run_compactor(url)
             assert again.returncode == 0, again.stderr
-            assert (m := PASS_LINE.search(again.stderr)) and int(m["folded"]) == 2
-            assert await objects(root) == ["default/manifests/jobs"]
+            assert (m := PASS_LINE.search(again.stderr)) and int(m["folded"]) == 1
+            fresh_segment, kept_segment = new[0].split(".")[0], keep[0].split(".")[0]
+            assert sorted(await objects(root)) == sorted([
+                "default/manifests/jobs", f"default/segments/jobs/{fresh_segment}",
+                f"default/leases/jobs/{fresh_segment}", f"default/leases/jobs/{kept_segment}"])
             assert await c.lease("jobs", 10) == []
-            assert (await c.stats("jobs")).segments == 0
+            assert (await c.stats("jobs")).segments == 1
 
 
 async def test_narrow_segments_stay_deliverable_after_compactor_once(tmp_path: Path) -> None:
     root = tmp_path / "data"
     url = f"file://{root}"
+    past = past_engine(root)
+    await past.create_queue("jobs")
+    for n in range(2):  # two narrow segments: a merge candidate group
+        await past.produce("jobs", [f"{n}-{k}-".encode() + b"x" * 1000 for k in range(200)])
+    date_back(root)
     with okq_node(url, tmp_path) as node:
         async with Client(node.url) as c:
-            await c.create_queue("jobs")
-            for n in range(2):  # two narrow segments: a merge candidate group
-                await c.produce("jobs", [f"{n}-{k}-" + "x" * 1000 for k in range(200)])
             proc = run_compactor(url)
             assert proc.returncode == 0, proc.stderr
+            assert (m := PASS_LINE.search(proc.stderr)) and int(m["into"]) == 1, proc.stderr
             assert (await c.stats("jobs")).available == 400
             got = []
             while batch := await c.lease("jobs", 1000):
@@ -109,8 +145,6 @@ async def test_narrow_segments_stay_deliverable_after_compactor_once(tmp_path: P
 
 
 async def test_all_namespaces(tmp_path: Path) -> None:
-    from tests.engines import make_engine
-
     root = tmp_path / "data"
     store = FileStore(root)
     for ns in ("team-a", "team-b"):
@@ -118,6 +152,7 @@ async def test_all_namespaces(tmp_path: Path) -> None:
         await e.create_queue("q")
         await e.produce("q", [b"x", b"y"])
         await e.complete([i.token for i in await e.lease("q", 10)])
+    date_back(root)
     proc = run_compactor(f"file://{root}", "--all-namespaces")
     assert proc.returncode == 0, proc.stderr
     for ns in ("team-a", "team-b"):

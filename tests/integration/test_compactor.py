@@ -50,8 +50,10 @@ def clock() -> ManualClock:
 
 
 def new_compactor(store: Store, clock: Clock, **options: Any) -> Compactor:
-    """A compactor with an engine of its own (safety_age 0 unless given)."""
-    opts = CompactorOptions(**{"safety_age": 0.0, "lease_grace": 0.0, **options})
+    """A compactor with an engine of its own (safety_age 0 and min_age 0 unless given:
+    these tests fold and merge what they just produced)."""
+    opts = CompactorOptions(**{"safety_age": 0.0, "lease_grace": 0.0, "min_age": 0.0,
+                               **options})
     return Compactor(make_engine(store, clock), clock=clock, options=opts)
 
 
@@ -154,7 +156,7 @@ async def test_fold_and_collect_finished_segments(store_factory: StoreFactory, k
 
     counting = CountingStore(store)
     c = Compactor(make_engine(counting, clock), clock=clock,
-                  options=CompactorOptions(safety_age=0, lease_grace=0))
+                  options=CompactorOptions(safety_age=0, lease_grace=0, min_age=0))
     r = await c.run_once()
     assert (r.queues, r.segments_folded, r.segments_merged, r.items_moved) == (1, 5, 0, 0)
     assert r.objects_deleted == 10 and r.bytes_reclaimed > 0
@@ -570,7 +572,7 @@ async def test_crash_at_every_store_call_of_a_pass(dead_letter: bool) -> None:
     sc = await build_scenario(dead_letter)
     spy = FaultyStore(sc.store)
     report = await Compactor(make_engine(spy, sc.clock), clock=sc.clock,
-                             options=CompactorOptions(safety_age=0, lease_grace=0,
+                             options=CompactorOptions(safety_age=0, lease_grace=0, min_age=0,
                                                       **KILL_OPTS)).run_once()
     assert (report.segments_folded, report.segments_merged, report.merged_into) == (4, 6, 3)
     assert report.items_expired == 3
@@ -585,7 +587,8 @@ async def test_crash_at_every_store_call_of_a_pass(dead_letter: bool) -> None:
             sc = await build_scenario(dead_letter)
             faulty = CrashAt(sc.store, k, after=after)
             doomed = Compactor(make_engine(faulty, sc.clock), clock=sc.clock,
-                               options=CompactorOptions(safety_age=0, lease_grace=0, **KILL_OPTS))
+                               options=CompactorOptions(safety_age=0, lease_grace=0, min_age=0,
+                                                        **KILL_OPTS))
             with pytest.raises(SimulatedCrash):
                 await doomed.run_once()
             del doomed  # the process died with its engine and caches
@@ -614,7 +617,7 @@ class _Workload:
         # A safety age well above the consumer's manifest staleness (0.2 s) and the
         # time a merge takes to publish; GC still runs during the test.
         self.compactors = [Compactor(make_engine(store, self.clock), options=CompactorOptions(
-            safety_age=1.5, merge_below=40, merge_target=60)) for _ in range(2)]
+            safety_age=1.5, merge_below=40, merge_target=60, min_age=0)) for _ in range(2)]
         self.rng = random.Random(11)
         self.total = total
         self.produced: list[bytes] = []
@@ -698,7 +701,7 @@ async def test_two_compactors_at_once(store_factory: StoreFactory, kind: str) ->
     # by a pass a minute later: a clock 61 s ahead stands for it.
     later = OffsetClock(w.clock, 61)
     final = Compactor(make_engine(store, later),
-                      options=CompactorOptions(safety_age=0, lease_grace=0))
+                      options=CompactorOptions(safety_age=0, lease_grace=0, min_age=0))
     await final.run_once()
     await final.run_once()
     await assert_tidy(raw)
@@ -771,7 +774,7 @@ async def test_merged_items_stay_deliverable_when_a_pass_takes_time(
         if not g.payload.endswith(b"-0"):
             await e.retry(g.token)
     c = Compactor(make_engine(Ticking(store, clock), clock), clock=clock,
-                  options=CompactorOptions(safety_age=safety_age))
+                  options=CompactorOptions(safety_age=safety_age, min_age=0))
     for _ in range(3):
         await c.run_once()
         clock.advance(1)

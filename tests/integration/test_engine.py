@@ -12,7 +12,7 @@ import time
 import pytest
 
 from okq import Engine, ManualClock, NewItem, QueueConfig
-from okq.clock import SystemClock
+from okq.clock import MAX_CLOCK_SKEW_MS, SystemClock
 from okq.errors import (
     InvalidRequest,
     InvalidToken,
@@ -86,8 +86,12 @@ async def test_idempotency_key_does_not_duplicate(engine: Engine) -> None:
 
 
 async def test_idempotency_window_expires(engine: Engine, clock: ManualClock) -> None:
+    """Keys are kept for the window plus twice the clock-skew bound (so that a
+    reader whose clock is ahead still sees the whole window), then forgotten."""
     first = await engine.produce("q", [NewItem(b"x", key="k")])
-    clock.advance(engine.opts.idem_window + 1)
+    clock.advance(engine.opts.idem_window + 2 * MAX_CLOCK_SKEW_MS / 1000 - 1)
+    assert await engine.produce("q", [NewItem(b"x", key="k")]) == first
+    clock.advance(2)
     again = await engine.produce("q", [NewItem(b"x", key="k")])
     assert again != first
 
@@ -235,6 +239,9 @@ async def test_input_limits(engine: Engine) -> None:
     with pytest.raises(InvalidRequest) as err:
         await engine.lease("q", 0)
     assert err.value.field == "batch_size"
+    with pytest.raises(TooLarge) as too_large:  # over a limit: 413, as over HTTP
+        await engine.lease("q", engine.opts.max_batch + 1)
+    assert too_large.value.details["field"] == "batch_size"
     with pytest.raises(InvalidRequest) as err:
         await engine.lease("q", 1, wait=-1)
     assert err.value.field == "request_timeout"

@@ -1,0 +1,66 @@
+"""The compactor refuses nonsense ages, and no options can put the GC floor in the
+future.
+
+A floor in the future aborts every produce whose segment is older than the floor
+("the segment fell behind the GC floor") until the clock catches up, and the
+floor never goes down: ``okq-compactor --once --safety-age -600`` once stopped
+all produces for ten minutes. The command refuses such ages; the library keeps
+the floor at or below the compactor's now whatever its options say.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from compactor import Compactor, CompactorOptions
+from okq import ManualClock
+from okq.keys import manifest_key
+from okq.model import decode_manifest
+from okq.store import Store
+from tests.engines import make_engine
+from tests.stores import StoreFactory
+
+BAD_AGES = [-600.0, -1e-9, math.nan, math.inf, -math.inf]
+
+
+@pytest.fixture(params=["memory", "file"])
+async def store(request: pytest.FixtureRequest, store_factory: StoreFactory) -> Store:
+    return await store_factory(request.param)
+
+
+@pytest.mark.parametrize("name", ["safety_age", "lease_grace", "min_age"])
+@pytest.mark.parametrize("value", BAD_AGES, ids=str)
+def test_options_refuse_ages_no_pass_can_honour(name: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be a finite number of seconds"):
+        CompactorOptions(**{name: value})  # type: ignore[arg-type]
+
+
+def test_options_accept_zero_ages() -> None:
+    """Zero is a valid library setting (passes on a manual clock); the floor clamp
+    keeps it harmless."""
+    opts = CompactorOptions(safety_age=0, lease_grace=0, min_age=0)
+    assert (opts.safety_age, opts.lease_grace, opts.min_age) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("safety_age", [-600.0, 0.0, 30.0, math.nan], ids=str)
+async def test_no_options_raise_the_floor_into_the_future(
+        store: Store, safety_age: float) -> None:
+    """Options changed after construction skip ``__post_init__``: the pass itself
+    must still keep the floor at or below now, so produces work."""
+    clock = ManualClock()
+    e = make_engine(store, clock)
+    await e.create_queue("q")
+    await e.produce("q", [b"before"])
+    opts = CompactorOptions()
+    opts.safety_age = safety_age
+    c = Compactor(make_engine(store, clock), clock=clock, options=opts)
+    await c.run_once()
+
+    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    assert 0 < m.gc_floor_ms <= clock.now_ms()
+    await e.produce("q", [b"after"])  # not behind the floor
+    clock.advance(1)
+    got = await e.lease("q", 10)
+    assert sorted(g.payload for g in got) == [b"after", b"before"]

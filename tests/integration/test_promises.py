@@ -1,0 +1,485 @@
+"""Regression tests for promises docs/DESIGN.md makes and a review found broken
+(issue 8): ambiguous writes overwritten before the re-read, sealed segments,
+clock skew, outputs of a completion, stale settings and the idempotency map.
+
+Each test names the defect it pins down. They run on the memory and file stores
+with manual clocks; the real-process versions of the ambiguous-write tests are
+in tests/acceptance/test_ambiguous_writes.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from compactor import Compactor, CompactorOptions
+from okq import Engine, ManualClock, NewItem, QueueConfig
+from okq.clock import OffsetClock
+from okq.errors import LeaseLost, Overloaded, QueueNotFound, StorageError
+from okq.keys import lease_key, manifest_key
+from okq.model import DEAD, decode_lease, decode_manifest
+from okq.store import CountingStore, FaultyStore, SimulatedCrash, Store, list_all
+from okq.store.base import Blob, ListPage, ObjectInfo
+from tests.engines import make_engine
+from tests.stores import StoreFactory
+
+pytestmark = pytest.mark.parametrize("kind", ["memory", "file"])
+
+
+@pytest.fixture
+async def store(kind: str, store_factory: StoreFactory) -> Store:
+    return await store_factory(kind)
+
+
+class Overtaken:
+    """A store whose next PUT to a key containing ``match`` lands, then lets
+    another writer act (``then``) before the caller sees an error: the reply was
+    lost, and someone wrote on top before the caller could re-read."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.armed: tuple[str, Callable[[], Awaitable[object]]] | None = None
+        self.fired = 0
+
+    def arm(self, match: str, then: Callable[[], Awaitable[object]]) -> None:
+        self.armed = (match, then)
+
+    async def put(self, key: str, data: bytes, *, if_match: str | None = None,
+                  if_none_match: bool = False) -> str:
+        etag = await self.inner.put(key, data, if_match=if_match, if_none_match=if_none_match)
+        if self.armed is not None and self.armed[0] in key:
+            _, then = self.armed
+            self.armed = None
+            await then()
+            self.fired += 1
+            raise StorageError(f"reply to PUT {key} lost (it landed)", key=key)
+        return etag
+
+    async def get(self, key: str) -> Blob:
+        return await self.inner.get(key)
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self.inner.head(key)
+
+    async def delete(self, key: str, *, if_match: str | None = None) -> None:
+        await self.inner.delete(key, if_match=if_match)
+
+    async def list(self, prefix: str, *, start_after: str | None = None,
+                   limit: int = 1000) -> ListPage:
+        return await self.inner.list(prefix, start_after=start_after, limit=limit)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def drain(e: Engine, queue: str) -> list[bytes]:
+    """Lease and complete everything ready; the payloads, in delivery order."""
+    got: list[bytes] = []
+    while items := await e.lease(queue, 100):
+        await e.complete([i.token for i in items])
+        got.extend(i.payload for i in items)
+    return got
+
+
+# -- defect 1: ambiguous manifest write, then overwritten ------------------------------
+
+
+async def test_overwritten_ambiguous_publish_is_published_once(store: Store) -> None:
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    a, b = make_engine(flaky, clock), make_engine(store, clock)
+    await a.create_queue("q")
+    await a.produce("q", [b"warm"])  # a's manifest cache is warm
+    flaky.arm(manifest_key("default", "q"), lambda: b.produce("q", [b"from-b"]))
+    ids = await a.produce("q", [b"a1", b"a2", b"a3", b"a4"])
+    assert flaky.fired == 1 and len(ids) == 4
+    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    assert len({s.id for s in m.segments}) == len(m.segments) == 3
+    assert m.produced == 6
+    got = await drain(make_engine(store, clock), "q")
+    assert Counter(got) == Counter([b"warm", b"from-b", b"a1", b"a2", b"a3", b"a4"])
+
+
+async def test_publish_overwritten_by_a_compactor_merge_is_published_once(
+        store: Store) -> None:
+    """The campaign's variant: between the landed write and the re-read a
+    compactor pass merges segments. A segment is never merged before every
+    publisher's deadline for it has passed, so the re-apply finds it listed."""
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    a, b = make_engine(flaky, clock), make_engine(store, clock)
+    compactor = Compactor(make_engine(store, clock), clock=clock,
+                          options=CompactorOptions(safety_age=3600, lease_grace=60))
+    await a.create_queue("q")
+    await b.produce("q", [b"older"])
+
+    async def other_writers() -> None:
+        await b.produce("q", [b"from-b"])
+        await compactor.run_once()
+
+    flaky.arm(manifest_key("default", "q"), other_writers)
+    await a.produce("q", [b"a1", b"a2", b"a3", b"a4"])
+    for _ in range(3):  # later passes, long after every deadline
+        clock.advance(600)
+        await compactor.run_once()
+    got = await drain(make_engine(store, clock), "q")
+    assert Counter(got) == Counter([b"older", b"from-b", b"a1", b"a2", b"a3", b"a4"])
+
+
+# -- defect 2: ambiguous lease write, then overwritten ---------------------------------
+
+
+async def test_overwritten_ambiguous_lease_returns_its_items(store: Store) -> None:
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    a, b = make_engine(flaky, clock), make_engine(store, clock)
+    await a.create_queue("q", QueueConfig(max_attempts=1))
+    await a.produce("q", [b"first", b"second"])
+    taken: list[bytes] = []
+
+    async def b_leases() -> None:
+        taken.extend(i.payload for i in await b.lease("q", 1))
+
+    flaky.arm("/leases/q/", b_leases)
+    got = await a.lease("q", 1)
+    assert flaky.fired == 1
+    assert [i.payload for i in got] == [b"first"]  # a's own lease, recognised
+    assert taken == [b"second"]
+    await a.complete([got[0].token])
+    stats = await a.stats("q")
+    assert (stats.completed, stats.in_flight, stats.dead_lettered) == (1, 1, 0)
+
+
+async def test_overwritten_ambiguous_retry_reports_what_it_did(store: Store) -> None:
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    a, b = make_engine(flaky, clock), make_engine(store, clock)
+    await a.create_queue("q")
+    await a.produce("q", [b"first", b"second"])
+    (first,) = await a.lease("q", 1)
+    (second,) = await b.lease("q", 1)
+    flaky.arm("/leases/q/", lambda: b.complete([second.token]))
+    await a.retry(first.token, error="try again")  # landed: no lease_lost
+    again = await b.lease("q", 1)
+    assert [i.payload for i in again] == [b"first"] and again[0].attempts == 2
+
+
+# -- defect 3: sealed segments stall the queue -----------------------------------------
+
+
+async def test_lease_skips_sealed_segments(store: Store) -> None:
+    clock = ManualClock()
+    e = make_engine(store, clock)
+    await e.create_queue("q")
+    first = await e.produce("q", [b"sealed-1", b"sealed-2"])
+    clock.advance(0.01)
+    await e.produce("q", [b"ready-1", b"ready-2"])
+    sealed = first[0].split(".")[0]
+
+    def seal(obj: object, now: int) -> None:  # as a compactor does before it merges
+        obj.sealed = True  # type: ignore[attr-defined]
+
+    await make_engine(store, clock).lease_cell("q", sealed).update(seal)
+    fresh = make_engine(store, clock)
+    got = [i.payload for i in await fresh.lease("q", 1)]
+    assert got == [b"ready-1"]
+    got += [i.payload for i in await e.lease("q", 5)]  # an engine with a cached copy
+    assert sorted(got) == [b"ready-1", b"ready-2"]
+
+
+# -- defects 4 and 5: clock skew -------------------------------------------------------
+
+
+async def test_idempotency_window_holds_under_clock_skew(store: Store) -> None:
+    """A key written by a clock 60 s behind is still honoured 300 s later (true
+    time) by a node whose clock is 60 s ahead."""
+    true = ManualClock()
+    behind = make_engine(store, OffsetClock(true, -60))
+    ahead = make_engine(store, OffsetClock(true, +60))
+    await behind.create_queue("q")
+    first = await behind.produce("q", [NewItem(b"x", key="order-1")])
+    true.advance(299)
+    again = await ahead.produce("q", [NewItem(b"x", key="order-1")])
+    assert again == first
+    assert [i.payload for i in await ahead.lease("q", 10)] == [b"x"]
+
+
+async def test_fresh_items_are_leasable_at_once_whatever_the_clocks(store: Store) -> None:
+    true = ManualClock()
+    producer = make_engine(store, OffsetClock(true, +60))
+    consumer = make_engine(store, OffsetClock(true, -60))
+    await producer.create_queue("q")
+    await producer.produce("q", [b"now", NewItem(b"later", enqueue_at_ms=true.now_ms() + 600_000)])
+    stats = await consumer.stats("q")
+    assert (stats.available, stats.scheduled) == (1, 1)
+    (item,) = await consumer.lease("q", 10)
+    assert item.payload == b"now"
+    browsed, _ = await consumer.browse("q")
+    assert {i.payload: i.state for i in browsed} == {b"now": "leased", b"later": "scheduled"}
+
+
+# -- defect 7: outputs published twice after a late help -------------------------------
+
+
+def _nth_put(match: str, n: int) -> Callable[[str], bool]:
+    seen = [0]
+
+    def hit(key: str) -> bool:
+        if match not in key:
+            return False
+        seen[0] += 1
+        return seen[0] == n
+
+    return hit
+
+
+async def test_outputs_published_once_however_late_the_help(store: Store) -> None:
+    clock = ManualClock()
+    faulty = FaultyStore(store)
+    e = make_engine(faulty, clock)
+    await e.create_queue("in")
+    await e.create_queue("out")
+    await e.produce("in", [b"job"])
+    (item,) = await e.lease("in", 1)
+    # The completion (L -> P) lands, the outputs are published, then the node
+    # dies before P -> D: the second PUT to the input's lease object.
+    faulty.inject("put", "crash", key=_nth_put("/leases/in/", 2))
+    with pytest.raises(SimulatedCrash):
+        await e.complete_and_produce(item.token, "out", [b"result"])
+    other = make_engine(store, clock)
+    await other.produce("out", [b"unrelated"])
+    clock.advance(1000)  # past the idempotency window: the marker is gone
+    compactor = Compactor(make_engine(store, clock), clock=clock,
+                          options=CompactorOptions(safety_age=3600, lease_grace=60))
+    await compactor.compact_queue("out")  # merges the outputs segment away
+    clock.advance(1)
+    await compactor.compact_queue("in")  # the late help
+    await compactor.compact_queue("out")
+    got = await drain(make_engine(store, clock), "out")
+    assert Counter(got) == Counter([b"result", b"unrelated"])
+    st = decode_lease((await store.get(lease_key("default", "in", item.id.split(".")[0]))).data)
+    assert st.items[0].s == "D"
+
+
+# -- defect 8: outputs acknowledged but never published --------------------------------
+
+
+async def test_outputs_to_a_deleted_queue_are_refused_and_the_item_dead_lettered(
+        store: Store) -> None:
+    clock = ManualClock()
+    a, b = make_engine(store, clock), make_engine(store, clock)
+    await a.create_queue("dlq")
+    await a.create_queue("in", QueueConfig(dead_queue="dlq"))
+    await a.create_queue("out")
+    await a.produce("in", [b"job"])
+    await a.produce("out", [b"warm"])  # a's copy of out's manifest is cached
+    (item,) = await a.lease("in", 1)
+    await b.delete_queue("out")
+    with pytest.raises(QueueNotFound, match="did not take"):
+        await a.complete_and_produce(item.token, "out", [b"result"])
+    (dead,) = await b.lease("dlq", 1)
+    assert dead.payload == b"job"
+    assert dead.meta is not None and "outputs" in dead.meta["error"]
+    st = decode_lease((await store.get(lease_key("default", "in", item.id.split(".")[0]))).data)
+    assert st.items[0].s == DEAD
+    assert (await a.stats("in")).available == 0
+
+
+# -- defect 10: the idempotency map ----------------------------------------------------
+
+
+async def test_keyed_publish_is_linear_in_the_batch(store: Store) -> None:
+    """Publishing 1,000 keyed items next to 15,000 live keys costs about what it
+    costs next to none (today's code rebuilt the whole map for every key)."""
+    clock = ManualClock()
+    e = make_engine(store, clock)
+    await e.create_queue("small")
+    await e.create_queue("big")
+    for n in range(15):
+        await e.produce("big", [NewItem(b"x", key=f"old-{n}-{k}") for k in range(1000)])
+
+    async def timed(queue: str, tag: str) -> float:
+        began = time.process_time()
+        await e.produce(queue, [NewItem(b"y", key=f"{tag}-{k}") for k in range(1000)])
+        return time.process_time() - began
+
+    small = min([await timed("small", f"s{n}") for n in range(3)])
+    big = min([await timed("big", f"b{n}") for n in range(3)])
+    assert big < 20 * max(small, 0.005), (small, big)
+
+
+async def test_the_idempotency_map_is_bounded(store: Store) -> None:
+    clock = ManualClock()
+    e = make_engine(store, clock, max_idem_keys=50)
+    await e.create_queue("q")
+    await e.produce("q", [NewItem(b"x", key=f"k{n}") for n in range(50)])
+    with pytest.raises(Overloaded, match="idempotency keys"):
+        await e.produce("q", [NewItem(b"x", key="one-more")])
+    await e.produce("q", [b"unkeyed is fine"])
+    clock.advance(e.opts.idem_window + 2 * e.opts.max_clock_skew + 1)
+    await e.produce("q", [NewItem(b"x", key="one-more")])  # the old keys expired
+    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    assert len(m.idem) <= 50
+
+
+# -- defect 12: stale settings drop items ----------------------------------------------
+
+
+async def test_retry_dead_letters_by_the_settings_of_now(store: Store) -> None:
+    clock = ManualClock()
+    a, b = make_engine(store, clock), make_engine(store, clock)
+    await a.create_queue("dlq")
+    await a.create_queue("q", QueueConfig(max_attempts=1))
+    await a.produce("q", [b"job"])
+    await b.get_queue("q")
+    await b.stats("q")  # b holds the settings: no dead queue
+    await a.update_queue("q", dead_queue="dlq")
+    (item,) = await a.lease("q", 1)
+    await b.retry(item.token, error="boom")
+    (dead,) = await a.lease("dlq", 1)
+    assert dead.payload == b"job"
+
+
+async def test_raised_max_attempts_counts_at_once(store: Store) -> None:
+    clock = ManualClock()
+    a, b = make_engine(store, clock), make_engine(store, clock)
+    await a.create_queue("dlq")
+    await a.create_queue("q", QueueConfig(max_attempts=1, dead_queue="dlq", lease_timeout=5))
+    await a.produce("q", [b"job"])
+    await a.lease("q", 1)
+    clock.advance(6)  # the lease expired
+    await b.get_queue("q")  # b caches the settings: one attempt
+    await a.update_queue("q", max_attempts=5)
+    again = await b.lease("q", 1)
+    assert [i.payload for i in again] == [b"job"] and again[0].attempts == 2
+    await b.retry(again[0].token)
+    third = await a.lease("q", 1)
+    assert [i.attempts for i in third] == [3]
+    assert await a.lease("dlq", 1) == []
+
+
+# -- purge, the other non-idempotent manifest change -----------------------------------
+
+
+async def test_overwritten_ambiguous_purge_spares_later_produces(store: Store) -> None:
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    a, b = make_engine(flaky, clock), make_engine(store, clock)
+    await a.create_queue("q")
+    await a.produce("q", [b"old"])
+    flaky.arm(manifest_key("default", "q"), lambda: b.produce("q", [b"after the purge"]))
+    await a.purge("q")
+    assert await drain(make_engine(store, clock), "q") == [b"after the purge"]
+
+
+async def test_publish_purged_before_its_re_read_is_not_published_again(
+        store: Store) -> None:
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    a, b = make_engine(flaky, clock), make_engine(store, clock)
+    await a.create_queue("q")
+    await a.produce("q", [b"warm"])
+    flaky.arm(manifest_key("default", "q"), lambda: b.purge("q"))
+    await a.produce("q", [b"purged"])  # landed, then purged: a success, and gone
+    await b.produce("q", [b"new"])
+    assert await drain(make_engine(store, clock), "q") == [b"new"]
+
+
+async def _keys(store: Store, prefix: str) -> AsyncIterator[str]:
+    async for info in list_all(store, prefix):
+        yield info.key
+
+
+# -- decisions the review asked for --------------------------------------------------
+
+
+async def test_completion_after_compaction_says_what_happened(store: Store) -> None:
+    clock = ManualClock()
+    e = make_engine(store, clock)
+    await e.create_queue("q")
+    await e.produce("q", [b"job"])
+    (item,) = await e.lease("q", 1)
+    await e.complete([item.token])
+    await e.complete([item.token])  # a retried completion succeeds again
+    options = CompactorOptions(safety_age=0, lease_grace=0)
+    options.min_age = 0  # fold what was just completed
+    compactor = Compactor(make_engine(store, clock), clock=clock, options=options)
+    clock.advance(100)  # past the publish timeout: the GC floor passes the segment
+    await compactor.run_once()
+    clock.advance(1)
+    await compactor.run_once()  # folded, and the segment and lease objects collected
+    assert [k async for k in _keys(store, "default/leases/")] == []
+    with pytest.raises(LeaseLost) as err:
+        await e.complete([item.token])
+    assert "compacted away" in err.value.details["failed"][0]["reason"]
+
+
+async def test_a_dead_letter_move_does_not_hold_the_queue(store: Store) -> None:
+    """Moving an item to the dead-letter queue (a produce there, with its linger
+    and CAS) happens after the lease walk lets go of the queue's lock."""
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    e = make_engine(flaky, clock)
+    await e.create_queue("dlq")
+    await e.create_queue("q", QueueConfig(max_attempts=1, lease_timeout=5, dead_queue="dlq"))
+    await e.produce("q", [b"poison"])
+    await e.lease("q", 1)
+    clock.advance(6)  # expired, out of attempts: the next walk dead-letters it
+    await e.produce("q", [b"fine-1", b"fine-2"])
+    other: list[bytes] = []
+
+    async def another_lease_meanwhile() -> None:
+        got = await asyncio.wait_for(e.lease("q", 1), 5)
+        other.extend(i.payload for i in got)
+
+    flaky.arm(manifest_key("default", "dlq"), another_lease_meanwhile)
+    assert [i.payload for i in await e.lease("q", 1)] == [b"fine-1"]
+    assert other == [b"fine-2"]
+    (dead,) = await e.lease("dlq", 1)
+    assert dead.payload == b"poison"
+
+
+async def test_lease_rereads_of_busy_segments_are_bounded(store: Store) -> None:
+    """Long-running jobs in many segments: a lease call re-reads at most
+    ``lease_state_reads`` lease objects that hold leases, not one per segment."""
+    clock = ManualClock()
+    counting = CountingStore(store)
+    e = make_engine(counting, clock)
+    await e.create_queue("q", QueueConfig(lease_timeout=3600))
+    for n in range(20):
+        await e.produce("q", [f"long-{n}".encode()])
+        clock.advance(0.01)
+    assert len(await e.lease("q", 20)) == 20  # every segment now holds a lease
+    assert await e.lease("q", 1) == []
+    await e.produce("q", [b"new"])
+    clock.advance(2)  # every cached lease object is older than lease_state_max_age
+    before = counting.requests["get"]
+    assert [i.payload for i in await e.lease("q", 1)] == [b"new"]
+    gets = counting.requests["get"] - before
+    assert gets <= 4 + 3, gets  # lease_state_reads (4), the manifest, the new segment
+
+
+async def test_redrive_to_a_queue_deleted_meanwhile_keeps_the_dead_letter(
+        store: Store) -> None:
+    """The source queue goes away between the redrive's check and its publish:
+    the dead letter waits in the dead queue again, it is not dropped."""
+    clock = ManualClock()
+    flaky = Overtaken(store)
+    e, other = make_engine(flaky, clock), make_engine(store, clock)
+    await e.create_queue("dlq")
+    await e.create_queue("q", QueueConfig(dead_queue="dlq"))
+    await e.produce("q", [b"job"])
+    (item,) = await e.lease("q", 1)
+    await e.retry(item.token, dead=True, error="boom")
+    flaky.arm("/leases/dlq/", lambda: other.delete_queue("q"))
+    with pytest.raises(QueueNotFound):
+        await e.redrive("dlq")
+    clock.advance(61)
+    (back,) = await other.lease("dlq", 1)
+    assert back.payload == b"job" and back.meta is not None
+    assert back.meta["source_queue"] == "q"
