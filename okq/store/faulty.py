@@ -5,6 +5,12 @@ Modes:
 * ``error`` — the request fails before reaching the store (StorageError);
 * ``ambiguous`` — the request reaches the store and lands, then the caller sees
   a StorageError, as after a timeout on the way back;
+* ``overtaken`` — like ``ambiguous``, but between the landing and the error the
+  rule's ``then`` hook runs: an async callable given the key, standing for
+  another writer (another engine, a compactor) that writes the same object
+  before the caller can re-read it. The caller's re-read then finds someone
+  else's version on top of its own landed write: the case where "my nonce is
+  not there" does not mean "my write did not land";
 * ``crash`` — raises :class:`SimulatedCrash`, a BaseException that okq's code
   does not catch, standing for the process dying at that call (before it);
 * ``latency`` — the call is delayed by ``delay`` seconds, then proceeds.
@@ -12,6 +18,19 @@ Modes:
 Rules match an operation name (``get``, ``head``, ``put``, ``delete``,
 ``list`` or ``*``) and a key predicate (a substring, or a callable). Random
 faults with a seed give reproducible chaos. Every call is logged in ``calls``.
+
+``ambiguous`` and ``overtaken`` apply to writes (put, delete) only; a read that
+matches such a rule proceeds normally (and spends the rule). A rule does not
+fire again while its own hook runs, so a hook may write through this same store
+without overtaking itself; an exception raised by the hook reaches the caller
+instead of the StorageError (a test's own failure is never mistaken for a
+store fault).
+
+Example: a manifest write that lands, is overwritten by another engine's
+produce, and times out for its writer::
+
+    store.inject("put", "overtaken", key="/manifests/q",
+                 then=lambda key: other_engine.produce("q", [b"x"]))
 """
 
 from __future__ import annotations
@@ -20,12 +39,14 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from okq.errors import StorageError
 from okq.store.base import Blob, ListPage, ObjectInfo, Store
 
-Mode = Literal["error", "ambiguous", "crash", "latency"]
+Mode = Literal["error", "ambiguous", "overtaken", "crash", "latency"]
+#: What an ``overtaken`` rule runs between the landed write and the error.
+Hook = Callable[[str], Awaitable[Any]]
 T = TypeVar("T")
 
 
@@ -40,9 +61,13 @@ class Rule:
     mode: Mode
     times: int
     delay: float = 0.0
+    then: Hook | None = None
+    running: bool = False  # its hook is running: the rule does not fire again meanwhile
 
     def applies(self, op: str, key: str) -> bool:
-        return self.times != 0 and self.op in (op, "*") and self.match(key)
+        return (
+            self.times != 0 and not self.running and self.op in (op, "*") and self.match(key)
+        )
 
 
 class FaultyStore:
@@ -73,10 +98,14 @@ class FaultyStore:
         key: str | Callable[[str], bool] = "",
         times: int = 1,
         delay: float = 0.0,
+        then: Hook | None = None,
     ) -> Rule:
-        """Add a rule; ``times=-1`` keeps it forever."""
+        """Add a rule; ``times=-1`` keeps it forever. ``then`` is required by
+        ``overtaken`` (and accepted by no other mode)."""
+        if (mode == "overtaken") != (then is not None):
+            raise ValueError("the overtaken mode, and only it, takes a then= hook")
         match = key if callable(key) else (lambda k, s=key: s in k)
-        rule = Rule(op, match, mode, times, delay)
+        rule = Rule(op, match, mode, times, delay, then)
         self.rules.append(rule)
         return rule
 
@@ -92,10 +121,8 @@ class FaultyStore:
                 return rule
         return None
 
-    async def _call(self, op: str, key: str, write: bool, fn: Callable[[], Awaitable[T]]) -> T:
-        self.calls.append((op, key))
-        if self.max_latency:
-            await asyncio.sleep(self._rng.uniform(0, self.max_latency))
+    def _mode(self, op: str, key: str, write: bool) -> tuple[Mode | None, Rule | None]:
+        """The fault for this call, if any: a matching rule's, else a random one."""
         rule = self._pick(op, key)
         mode: Mode | None = rule.mode if rule else None
         if mode is None and self.error_rate and self._rng.random() < self.error_rate:
@@ -105,6 +132,13 @@ class FaultyStore:
                 mode = "ambiguous"
         if mode is not None:
             self.injected.append((op, key, mode))
+        return mode, rule
+
+    async def _call(self, op: str, key: str, write: bool, fn: Callable[[], Awaitable[T]]) -> T:
+        self.calls.append((op, key))
+        if self.max_latency:
+            await asyncio.sleep(self._rng.uniform(0, self.max_latency))
+        mode, rule = self._mode(op, key, write)
         if mode == "latency" and rule is not None:
             await asyncio.sleep(rule.delay)
         elif mode == "crash":
@@ -114,7 +148,22 @@ class FaultyStore:
         elif mode == "ambiguous" and write:
             await fn()
             raise StorageError(f"injected ambiguous {op} {key} (it landed)", key=key)
+        elif mode == "overtaken" and write and rule is not None and rule.then is not None:
+            await fn()
+            await self._overtake(rule, rule.then, key)
+            raise StorageError(
+                f"injected overtaken {op} {key} (it landed, then another writer wrote)", key=key
+            )
         return await fn()
+
+    @staticmethod
+    async def _overtake(rule: Rule, hook: Hook, key: str) -> None:
+        """Run the rule's hook (the other writer), the rule held back meanwhile."""
+        rule.running = True
+        try:
+            await hook(key)
+        finally:
+            rule.running = False
 
     async def get(self, key: str) -> Blob:
         return await self._call("get", key, False, lambda: self.inner.get(key))

@@ -14,18 +14,53 @@ model of the lease semantics (okq/transitions.py) predicts every answer:
 * each item is completed successfully at most once, and nothing is lost:
   ``stats`` (read fresh from the store) matches the model state by state
   after every step, and a final drain delivers every unfinished item exactly
-  once more and finds every dead item exactly once in the dead-letter queue.
+  once more and finds every dead item exactly once in the dead-letter queue;
+* nothing is published twice: the manifest lists each segment once and counts
+  each item once, and payloads carry unique markers, so an item delivered under
+  an id the model never saw produced is caught at once;
+* producer idempotency: a key produced again within the window (300 s on the
+  true clock), on whichever engine, returns the first item's id; a key may be
+  honoured a little longer (up to four times the skew bound more, 540 s in all:
+  a writer stamps its expiry on its own clock, with any margin it adds for skew,
+  and a reader reads it on another), and is forgotten after that.
 
-With one engine the model is exact: ``lease(n)`` returns min(n, leasable ready
-items), taken oldest ready time first. With two engines sharing a store an
-engine's caches may lag the other's writes (``lease_state_max_age``), so only
-the safety properties are checked. Which exhausted items a lease moves to the
-dead-letter queue is read back from the lease objects in the store (ties in
-ready time make it ambiguous), and checked against the model.
+Configurations (one test each):
+
+* one engine on a MemoryStore, and one on a FileStore: the model is exact:
+  ``lease(n)`` returns min(n, leasable ready items), oldest ready time first;
+* two engines sharing a store: an engine's caches may lag the other's writes
+  (``lease_state_max_age``), so only the safety properties are checked;
+* two engines whose writes are sometimes *overtaken* (FaultyStore's
+  ``overtaken`` mode): a manifest or lease-object write lands, another writer
+  writes the same object, and only then does the first writer see an error; its
+  re-read finds someone else's version on top of its own. The other writer is
+  the other engine, producing (on the manifest) or renewing, completing or
+  retrying another item of the segment (on a lease object), each checked
+  against the model like any step; or a writer outside the model that rewrites
+  the object unchanged under a new version (as a compactor pass that found
+  nothing to change);
+* two engines whose clocks are off the true time by up to the documented skew
+  bound (``okq.clock.MAX_CLOCK_SKEW_MS``, 60 s either way, so up to 120 s
+  apart), drawn per example with the extremes favoured. The model keeps every
+  time as the engine that wrote it stamped it and judges readiness on the clock
+  of the engine that reads, as okq does; an item produced without a schedule
+  (or scheduled for no later than its produce) is ready at once on every clock,
+  a scheduled one when the reader's clock reaches its time. A node that has just
+  started (no caches) leases
+  exactly min(n, ready items on its clock), and stats read on either engine's
+  clock match the model;
+* both at once: skewed clocks and overtaken writes.
+
+Which exhausted items a lease moves to the dead-letter queue is read back from
+the lease objects in the store (ties in ready time make it ambiguous), and
+checked against the model.
 
 The engine is async; hypothesis's stateful machines are not, so each machine
 runs its own private event loop. Run with ``-s`` for a one-line summary per
-configuration.
+configuration. Example counts are short by default (CI); the long form:
+``OKQ_PROPERTY_EXAMPLES=long pytest tests/integration/test_engine_property.py -s``
+(or a number: that many examples for every configuration; add ``--timeout 0``
+when a failure must shrink for longer than pytest's 300 s).
 """
 
 from __future__ import annotations
@@ -33,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -47,6 +83,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -63,17 +100,34 @@ from okq import (
     generate_key,
     publisher,
 )
+from okq import clock as okq_clock
+from okq.clock import Clock, OffsetClock
 from okq.errors import LeaseLost, ObjectNotFound
-from okq.keys import lease_key, segment_created_ms
-from okq.model import DEAD, DEAD_PENDING, ItemState, decode_lease
-from okq.store import FileStore, MemoryStore, Store
+from okq.keys import lease_key, manifest_key, segment_created_ms
+from okq.model import (
+    DEAD,
+    DEAD_PENDING,
+    ItemState,
+    decode_lease,
+    decode_manifest,
+    encode_lease,
+    encode_manifest,
+    new_nonce,
+)
+from okq.store import FaultyStore, FileStore, MemoryStore, Store
 
 T = TypeVar("T")
 
 NS = "default"
 QUEUE, DLQ = "q", "dlq"
 LEASE_TIMEOUT = 10.0  # seconds
-IDEM_WINDOW_MS = 300_000  # EngineOptions.idem_window
+IDEM_WINDOW_MS = int(EngineOptions().idem_window * 1000)
+#: The documented clock-skew bound: each clock within this of the true time.
+SKEW_MS: int = getattr(okq_clock, "MAX_CLOCK_SKEW_MS", 60_000)  # unnamed before issue 8
+#: How much longer than its window a key may still be honoured: a writer may add
+#: twice the bound to the expiry it stamps on its clock, and a reader up to twice
+#: the bound behind reads it on another.
+IDEM_SLACK_MS = 4 * SKEW_MS
 KEY = generate_key()
 
 # ---------------------------------------------------------------------------
@@ -81,13 +135,16 @@ KEY = generate_key()
 # ---------------------------------------------------------------------------
 
 FRESH, LEASED, WAITING, DONE, GONE = "fresh", "leased", "waiting", "done", "dead"
+#: The store's state letter for each model state (DONE also covers P).
+STORE_STATE = {LEASED: "L", WAITING: "W", DONE: "D", GONE: "Z"}
 
 
 @dataclass
 class Item:
     id: str
     payload: bytes
-    fresh_ready: int  # max(produce time, enqueue_at)
+    fresh_ready: int  # its place in line while fresh: max(produce time, enqueue_at)
+    due: int  # when it may first be leased: enqueue_at if after its produce, else 0 (at once)
     state: str = FRESH
     v: int = 0  # deliveries so far, counting a lease that dead-lettered instead
     attempts: int = 0
@@ -95,8 +152,9 @@ class Item:
     completions: int = 0
 
     def ready_at(self) -> int | None:
+        """When it can next be leased, as stamped by the engine that wrote it."""
         if self.state == FRESH:
-            return self.fresh_ready
+            return self.due
         if self.state in (LEASED, WAITING):
             return self.t  # an expired lease is ready again at its deadline
         return None
@@ -105,8 +163,13 @@ class Item:
         r = self.ready_at()
         return r is not None and r <= now
 
+    def order_at(self) -> int:
+        """Its place in the line of ready items (oldest first)."""
+        return self.fresh_ready if self.state == FRESH else self.t
 
     def describe(self, now: int) -> str:
+        if self.state == FRESH:
+            return f"fresh (due {f'{self.due - now:+d}ms' if self.due else 'at once'})"
         return f"{self.state} (v={self.v}, attempts={self.attempts}, t={self.t - now:+d}ms)"
 
 
@@ -122,7 +185,8 @@ class Model:
         self.max_attempts = max_attempts
         self.items: dict[str, Item] = {}
         self.segments: list[str] = []
-        self.idem: dict[str, tuple[str, int]] = {}  # key -> (item id, expires_ms)
+        # key -> every item published under it: (item id, true time of its produce)
+        self.idem: dict[str, list[tuple[str, int]]] = {}
         self.dead: dict[str, tuple[int, str | None]] = {}  # source id -> (attempts, error)
 
     def current(self, tok: Tok) -> bool:
@@ -137,6 +201,16 @@ class Model:
         """The item was completed by this very delivery (a repeat is accepted)."""
         it = self.items[tok.item]
         return it.state == DONE and it.v == tok.v
+
+    def key_ids(self, key: str, true_now: int) -> tuple[list[str], bool]:
+        """The ids a produce of ``key`` may answer instead of publishing (those of
+        items published under it within the window and its slack), and whether it
+        must (one of them is within the window). An older one may still be live on
+        a reader's clock, or in its cached manifest, after a writer whose clock is
+        ahead published the key again: answering it publishes nothing twice."""
+        entries = self.idem.get(key, [])
+        ids = [iid for iid, t in entries if true_now - t < IDEM_WINDOW_MS + IDEM_SLACK_MS]
+        return ids, any(true_now - t < IDEM_WINDOW_MS for _, t in entries)
 
     def lease(self, it: Item, now: int, lease_ms: int) -> None:
         it.v += 1
@@ -161,7 +235,7 @@ class Model:
             it.state, it.t = WAITING, max(now, retry_at or now)
 
     def counts(self, now: int) -> dict[str, int]:
-        """What Engine.stats reports, by its own definitions."""
+        """What Engine.stats reports on a clock reading ``now``, by its own definitions."""
         c = dict.fromkeys(
             ("available", "in_flight", "scheduled", "waiting_retry", "completed",
              "dead_lettered"), 0,
@@ -184,6 +258,22 @@ class Model:
         return c
 
 
+def differences(model: Model, states: dict[str, ItemState], now: int) -> list[str]:
+    """Items whose state in the store is not the model's, described for a report."""
+    out: list[str] = []
+    for iid, it in model.items.items():
+        s = states.get(iid)
+        got = "fresh" if s is None else f"{s.s} v={s.v} attempts={s.attempts} t={s.t - now:+d}ms"
+        if it.state == FRESH and s is None:
+            continue
+        letters = ("D", "P") if it.state == DONE else ("Z", "X") if it.state == GONE else ()
+        want = STORE_STATE.get(it.state)
+        if s is not None and (s.s == want or s.s in letters) and s.v == it.v:
+            continue
+        out.append(f"{iid}: model {it.describe(now)}, store {got}")
+    return out
+
+
 # ---------------------------------------------------------------------------
 # The state machine
 # ---------------------------------------------------------------------------
@@ -191,6 +281,12 @@ class Model:
 ENGINE = st.integers(min_value=0, max_value=1)  # taken modulo the number of engines
 LEASE_TIMEOUTS = st.sampled_from([None, None, None, 0.5, 3.0, 25.0])
 ERRORS = st.sampled_from([None, "", "boom", "x" * 5000])
+#: Two clocks' offsets from the true time, within the bound: half the time the
+#: extremes, 120 s apart; else anything within it.
+OFFSET = st.one_of(st.sampled_from([-SKEW_MS, SKEW_MS, 0]), st.integers(-SKEW_MS, SKEW_MS))
+CLOCK_PAIRS = st.one_of(
+    st.sampled_from([(-SKEW_MS, SKEW_MS), (SKEW_MS, -SKEW_MS)]), st.tuples(OFFSET, OFFSET)
+)
 
 
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
@@ -213,6 +309,11 @@ class EngineMachine(RuleBasedStateMachine):
     ENGINES: ClassVar[int] = 1
     STORE: ClassVar[str] = "memory"
     MAX_ATTEMPTS: ClassVar[int] = 2
+    #: Writes are sometimes overtaken (see the module docstring).
+    FAULTS: ClassVar[bool] = False
+    #: Each engine's clock is off the true time (set by ``skew_clocks``); adds
+    #: far clock moves and leases by newly started engines.
+    SKEWED: ClassVar[bool] = False
     tally: ClassVar[Counter[str]] = Counter()
 
     def __init__(self) -> None:
@@ -220,23 +321,32 @@ class EngineMachine(RuleBasedStateMachine):
         self.tally["examples"] += 1
         self.failed = False
         self.loop = asyncio.new_event_loop()
-        self.clock = ManualClock()
+        self.clock = ManualClock()  # the true time
         self.tmp: str | None = None
         if self.STORE == "file":
             self.tmp = tempfile.mkdtemp(prefix="okq-prop-")
             self.store: Store = FileStore(self.tmp)
         else:
             self.store = MemoryStore()
+        self.clocks: list[Clock] = [
+            OffsetClock(self.clock, 0) if self.SKEWED else self.clock
+            for _ in range(self.ENGINES)
+        ]
+        self.faulty = [FaultyStore(self.store) for _ in range(self.ENGINES if self.FAULTS else 0)]
         signer = TokenSigner([KEY])
         opts = EngineOptions(linger=0)
         self.engines = [
-            Engine(self.store, signer, clock=self.clock, options=opts)
-            for _ in range(self.ENGINES)
+            Engine(self.faulty[n] if self.FAULTS else self.store, signer, clock=clock,
+                   options=opts)
+            for n, clock in enumerate(self.clocks)
         ]
         self.signer, self.opts = signer, opts
         self.exact = self.ENGINES == 1
         self.model = Model(self.MAX_ATTEMPTS)
         self.tokens: list[Tok] = []
+        self.busy: set[str] = set()  # items whose renew or retry is in flight
+        self.in_hook = False  # another writer is overtaking a write: no nested faults
+        self.hooks = 0  # other writers run so far
         self.payloads = 0
         self.run(self._setup())
 
@@ -256,20 +366,24 @@ class EngineMachine(RuleBasedStateMachine):
     def engine(self, n: int) -> Engine:
         return self.engines[n % len(self.engines)]
 
-    def observer(self) -> Engine:
-        """The engine whose stats are compared with the model.
+    def observers(self) -> list[Engine]:
+        """The engines whose stats are compared with the model.
 
         With one engine, that engine. With several, a new engine each time, so the
         counts are the store's truth: stats refreshes the caches of the engine it
         runs on (which would hide the staleness of the engines under test), and a
         long-lived observer's manifest cache is reused by ``Cell.read(max_age_ms=0)``
         until the clock moves past its fetch, which a manual clock may never do.
+        With skewed clocks, one on each engine's clock: readiness is a matter of
+        the reader's clock.
         """
         if len(self.engines) == 1:
-            return self.engines[0]
-        return Engine(self.store, self.signer, clock=self.clock, options=self.opts)
+            return self.engines[:1]
+        clocks = self.clocks if self.SKEWED else [self.clock]
+        return [Engine(self.store, self.signer, clock=c, options=self.opts) for c in clocks]
 
     def now(self) -> int:
+        """The true time."""
         return self.clock.now_ms()
 
     # -- produce -----------------------------------------------------------
@@ -286,50 +400,101 @@ class EngineMachine(RuleBasedStateMachine):
     )
     @guarded
     def produce(self, e: int, specs: list[tuple[int | None, str | None]]) -> None:
-        m, now = self.model, self.now()
-        known = {k: iid for k, (iid, exp) in m.idem.items() if exp > now}
+        self.run(self._produce(self.engine(e), specs))
+
+    async def _produce(self, engine: Engine, specs: list[tuple[int | None, str | None]]) -> None:
+        now, true_now = engine.clock.now_ms(), self.now()
         batch: list[NewItem] = []
-        fresh: list[int] = []
-        first: dict[str, int] = {}
-        for i, (delay, key) in enumerate(specs):
+        for delay, key in specs:
             self.payloads += 1
             at = None if delay is None else now + delay
             batch.append(NewItem(f"p{self.payloads}".encode(), enqueue_at_ms=at, key=key))
-            if key is None or (key not in known and key not in first):
-                fresh.append(i)
-                if key is not None:
-                    first[key] = i
-        ids = self.run(self.engine(e).produce(QUEUE, batch))
+        ids = await engine.produce(QUEUE, batch)
         assert len(ids) == len(batch)
+        fresh = self._published(batch, ids, true_now)
         if fresh:
-            seg = ids[fresh[0]].rpartition(".")[0]
-            assert seg not in m.segments, f"segment {seg} published twice"
-            assert segment_created_ms(seg) == now
-            m.segments.append(seg)
-            for n, i in enumerate(fresh):
-                assert ids[i] == f"{seg}.{n}", (ids, fresh)
-                item = batch[i]
-                ready = max(now, item.enqueue_at_ms or 0)
-                m.items[ids[i]] = Item(ids[i], item.payload, ready)
-                if item.key is not None:
-                    m.idem[item.key] = (ids[i], now + IDEM_WINDOW_MS)
-        for i, (_, key) in enumerate(specs):
-            if key is not None and i not in fresh:  # a duplicate: the first item's id
-                expected = known[key] if key in known else ids[first[key]]
-                assert ids[i] == expected, f"idempotency key {key}: {ids[i]} != {expected}"
+            self._record_segment(batch, ids, fresh, now, true_now)
+
+    def _published(self, batch: list[NewItem], ids: list[str], true_now: int) -> list[int]:
+        """Which items of a produce were published (their indexes). A key produced
+        within the window must have answered an earlier item's id; past the window,
+        within the slack, it may go either way; anything else was published."""
+        fresh: list[int] = []
+        first: dict[str, str] = {}  # key -> the id its first use in this batch got
+        for i, item in enumerate(batch):
+            key = item.key
+            if key is not None and key in first:
+                assert ids[i] == first[key], f"key {key} twice in one produce: {ids[i]}"
+                continue
+            if key is None or not self._deduplicated(key, ids[i], true_now):
+                fresh.append(i)
+            if key is not None:
+                first[key] = ids[i]
+        return fresh
+
+    def _deduplicated(self, key: str, got: str, true_now: int) -> bool:
+        """Whether a produce of ``key`` answered ``got`` instead of publishing."""
+        known, must = self.model.key_ids(key, true_now)
+        ages = [true_now - t for _, t in self.model.idem.get(key, [])]
+        assert got in known or not must, (
+            f"idempotency key {key} produced a second item {got} {min(ages)} ms (true time) "
+            f"after an earlier produce of it ({known}), within the {IDEM_WINDOW_MS} ms window"
+        )
+        return got in known
+
+    def _record_segment(
+        self, batch: list[NewItem], ids: list[str], fresh: list[int], now: int, true_now: int
+    ) -> None:
+        m = self.model
+        seg = ids[fresh[0]].rpartition(".")[0]
+        assert seg not in m.segments, f"segment {seg} published twice"
+        assert segment_created_ms(seg) == now
+        m.segments.append(seg)
+        for n, i in enumerate(fresh):
+            assert ids[i] == f"{seg}.{n}", (
+                f"produce returned {ids}; items {fresh} were published, as {seg}.0 onwards"
+            )
+            item = batch[i]
+            at = item.enqueue_at_ms
+            due = at if at is not None and at > now else 0
+            m.items[ids[i]] = Item(ids[i], item.payload, max(now, at or 0), due)
+            if item.key is not None:
+                m.idem.setdefault(item.key, []).append((ids[i], true_now))
 
     # -- lease ---------------------------------------------------------------
     @rule(e=ENGINE, n=st.integers(1, 5), timeout=LEASE_TIMEOUTS)
     @guarded
     def lease(self, e: int, n: int, timeout: float | None) -> None:
-        self._lease(self.engine(e), n, timeout)
+        self.run(self._lease(self.engine(e), n, timeout, "order" if self.exact else None))
 
-    def _lease(self, engine: Engine, n: int, timeout: float | None) -> list[Tok]:
-        m, now = self.model, self.now()
-        ready = {i: r for i, it in m.items.items() if (r := it.ready_at()) is not None and r <= now}
-        leasable = {i for i in ready if not m.exhausted(m.items[i])}
+    @precondition(lambda self: self.SKEWED)
+    @rule(e=ENGINE, n=st.integers(1, 5))
+    @guarded
+    def lease_on_a_new_engine(self, e: int, n: int) -> None:
+        """A node that has just started (no caches) on engine e's clock leases
+        exactly min(n, items ready on its clock), whoever produced them."""
+        cold = Engine(self.store, self.signer, clock=self.clocks[e % len(self.clocks)],
+                      options=self.opts)
+        try:
+            self.run(self._lease(cold, n, None, "count"))
+        finally:
+            self.run(cold.close())
+
+    async def _lease(
+        self, engine: Engine, n: int, timeout: float | None, check: str | None
+    ) -> list[Tok]:
+        """Lease on ``engine`` and check the items against the model. ``check``:
+        "order" (one engine: exactly the oldest ready items), "count" (exactly
+        min(n, leasable)), or None (safety only: caches may lag)."""
+        m, now = self.model, engine.clock.now_ms()
+        ready, leasable = self._ready(now)
         lease_ms = int(timeout * 1000) if timeout else int(LEASE_TIMEOUT * 1000)
-        got = self.run(engine.lease(QUEUE, n, lease_timeout=timeout))
+        hooks = self.hooks
+        got = await engine.lease(QUEUE, n, lease_timeout=timeout)
+        if self.hooks != hooks:  # another writer released items meanwhile: fair game too
+            more_ready, more_leasable = self._ready(now)
+            ready.update(more_ready)
+            leasable |= more_leasable
         leased = [x.id for x in got]
         assert len(set(leased)) == len(leased), f"one lease returned an item twice: {leased}"
         assert len(got) <= n
@@ -345,15 +510,25 @@ class EngineMachine(RuleBasedStateMachine):
             toks.append(Tok(x.token, x.id, it.v))
         self.tokens += toks
         self.tally["leased"] += len(got)
-        moved = self._moved_to_dead(ready, leasable)
-        if self.exact:
+        moved = await self._moved_to_dead(ready, leasable, now)
+        if check == "order":
             self._check_lease_choice(n, ready, leasable, leased, moved)
+        elif check == "count":
+            self._check_lease_count(n, ready, leasable, leased, moved)
         return toks
 
-    def _moved_to_dead(self, ready: dict[str, int], leasable: set[str]) -> set[str]:
+    def _ready(self, now: int) -> tuple[dict[str, int], set[str]]:
+        """Items ready on a clock reading ``now`` (with their places in line), and
+        those of them a lease would deliver rather than dead-letter."""
+        m = self.model
+        ready = {i: it.order_at() for i, it in m.items.items() if it.ready(now)}
+        return ready, {i for i in ready if not m.exhausted(m.items[i])}
+
+    async def _moved_to_dead(self, ready: dict[str, int], leasable: set[str],
+                             now: int) -> set[str]:
         """Items this lease moved to the dead-letter queue, read from the store."""
-        m, now = self.model, self.now()
-        states = self.run(self._store_states())
+        m = self.model
+        states = await self._store_states()
         moved: set[str] = set()
         for iid, it in m.items.items():
             s = states.get(iid)
@@ -370,17 +545,23 @@ class EngineMachine(RuleBasedStateMachine):
             moved.add(iid)
         return moved
 
+    def _check_lease_count(
+        self, n: int, ready: dict[str, int], leasable: set[str], leased: list[str],
+        moved: set[str],
+    ) -> None:
+        assert len(leased) == min(n, len(leasable)), (
+            f"lease({n}) returned {len(leased)} items with {len(leasable)} leasable ready "
+            f"on its clock ({len(ready) - len(leasable)} more ready but out of attempts; "
+            f"{len(moved)} of those dead-lettered by this lease)"
+        )
+
     def _check_lease_choice(
         self, n: int, ready: dict[str, int], leasable: set[str], leased: list[str],
         moved: set[str],
     ) -> None:
         """One engine: the lease took a prefix of the ready items, oldest first,
         dead-lettering the exhausted ones it met, until n were leased."""
-        assert len(leased) == min(n, len(leasable)), (
-            f"lease({n}) returned {len(leased)} items with {len(leasable)} leasable ready "
-            f"({len(ready) - len(leasable)} more ready but out of attempts; "
-            f"{len(moved)} of those dead-lettered by this lease)"
-        )
+        self._check_lease_count(n, ready, leasable, leased, moved)
         taken = set(leased) | moved
         rest = set(ready) - taken
         if taken and rest:
@@ -437,14 +618,19 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(e=ENGINE, data=st.data(), timeout=LEASE_TIMEOUTS)
     @guarded
     def renew(self, e: int, data: st.DataObject, timeout: float | None) -> None:
-        tok = self._pick_token(data)
-        now = self.now()
+        self.run(self._renew(self.engine(e), self._pick_token(data), timeout))
+
+    async def _renew(self, engine: Engine, tok: Tok, timeout: float | None) -> None:
+        now = engine.clock.now_ms()
         lease_ms = int(timeout * 1000) if timeout else int(LEASE_TIMEOUT * 1000)
+        self.busy.add(tok.item)
         try:
-            deadline = self.run(self.engine(e).renew(tok.token, lease_timeout=timeout))
+            deadline = await engine.renew(tok.token, lease_timeout=timeout)
         except LeaseLost as exc:
             self._refused(exc, tok, "renew")
             return
+        finally:
+            self.busy.discard(tok.item)
         self._refused(None, tok, "renew")
         self.tally["renewed"] += 1
         assert deadline == now + lease_ms
@@ -456,9 +642,9 @@ class EngineMachine(RuleBasedStateMachine):
     def complete(self, e: int, data: st.DataObject) -> None:
         how_many = data.draw(st.integers(1, 4), label="how many")
         toks = [self._pick_token(data) for _ in range(how_many)]
-        self._complete(self.engine(e), toks)
+        self.run(self._complete(self.engine(e), toks))
 
-    def _complete(self, engine: Engine, toks: list[Tok]) -> None:
+    async def _complete(self, engine: Engine, toks: list[Tok]) -> None:
         m = self.model
         expect_fail: list[int] = []
         ok: list[Tok] = []
@@ -469,7 +655,7 @@ class EngineMachine(RuleBasedStateMachine):
             elif not m.completed_by(tok):  # completing it again is a harmless no-op
                 expect_fail.append(n)
         try:
-            self.run(engine.complete([t.token for t in toks]))
+            await engine.complete([t.token for t in toks])
             failed: list[int] = []
         except LeaseLost as exc:
             failed = [f["index"] for f in exc.details["failed"]]
@@ -490,19 +676,109 @@ class EngineMachine(RuleBasedStateMachine):
     )
     @guarded
     def retry(self, e: int, data: st.DataObject, mode: str, delay: int, error: str | None) -> None:
-        tok = self._pick_token(data)
-        now = self.now()
+        self.run(self._retry(self.engine(e), self._pick_token(data), mode, delay, error))
+
+    async def _retry(
+        self, engine: Engine, tok: Tok, mode: str, delay: int, error: str | None
+    ) -> None:
+        now = engine.clock.now_ms()
         at = {"now": None, "future": now + delay, "past": now - delay, "dead": None}[mode]
+        self.busy.add(tok.item)
         try:
-            self.run(self.engine(e).retry(tok.token, retry_at_ms=at, dead=mode == "dead",
-                                          error=error))
+            await engine.retry(tok.token, retry_at_ms=at, dead=mode == "dead", error=error)
         except LeaseLost as exc:
             self._refused(exc, tok, "retry")
             return
+        finally:
+            self.busy.discard(tok.item)
         self._refused(None, tok, "retry")
         self.tally[f"retry {mode}"] += 1
         self.model.retry(self.model.items[tok.item], now, at, mode == "dead",
                          error[:4096] if error else None)
+
+    # -- overtaken writes ------------------------------------------------------
+    @precondition(lambda self: self.FAULTS)
+    @rule(
+        e=ENGINE,
+        obj=st.sampled_from(["manifest", "lease", "lease", "dlq"]),
+        how=st.sampled_from(["engine", "engine", "raw"]),
+        pick=st.integers(0, 11),
+    )
+    @guarded
+    def overtake_next_write(self, e: int, obj: str, how: str, pick: int) -> None:
+        """Engine e's next write to ``obj`` (its queue's manifest, any of its
+        lease objects, the dead-letter queue's manifest) lands, then another writer
+        (``how``: the other engine, or a raw rewrite) writes the same object, then
+        engine e sees an error."""
+        n = e % len(self.engines)
+        exact = {"manifest": manifest_key(NS, QUEUE), "dlq": manifest_key(NS, DLQ)}.get(obj)
+        prefix = lease_key(NS, QUEUE, "")
+
+        def match(key: str) -> bool:
+            return not self.in_hook and (key == exact if exact else key.startswith(prefix))
+
+        hook = functools.partial(self._overtake, n, how, pick)
+        self.faulty[n].inject("put", "overtaken", key=match, then=hook)
+        self.tally["overtakes armed"] += 1
+
+    async def _overtake(self, e: int, how: str, pick: int, key: str) -> None:
+        """The other writer: runs after engine e's write of ``key`` landed and
+        before engine e sees its error."""
+        self.in_hook = True
+        self.hooks += 1
+        try:
+            other = self.engines[(e + 1) % len(self.engines)]
+            tok = self._bystander(key, pick)
+            if how == "engine" and key == manifest_key(NS, QUEUE):
+                await self._produce(other, [(None, None)] * (1 + pick % 3))
+                what = "by a produce"
+            elif how == "engine" and tok is not None:
+                what = await self._token_op(other, tok, pick)
+            else:
+                await self._rewrite(key)
+                what = "by a rewrite"
+            self.tally[f"writes overtaken {what}"] += 1
+        finally:
+            self.in_hook = False
+
+    def _bystander(self, key: str, pick: int) -> Tok | None:
+        """A current token of another item of the lease object ``key``: not under
+        an operation in flight, and unexpired on every clock (so the interrupted
+        operation cannot be re-leasing it)."""
+        seg = key.rpartition("/")[2]
+        if key != lease_key(NS, QUEUE, seg):
+            return None
+        latest = max(c.now_ms() for c in self.clocks)
+        pool = [
+            t for t in self.tokens
+            if t.item.startswith(f"{seg}.") and self.model.current(t)
+            and t.item not in self.busy and self.model.items[t.item].t > latest
+        ]
+        return pool[pick % len(pool)] if pool else None
+
+    async def _token_op(self, engine: Engine, tok: Tok, pick: int) -> str:
+        kind = ("renew", "complete", "retry", "dead-letter")[pick % 4]
+        if kind == "renew":
+            await self._renew(engine, tok, None)
+        elif kind == "complete":
+            await self._complete(engine, [tok])
+        else:
+            await self._retry(engine, tok, "now" if kind == "retry" else "dead", 0, None)
+        return f"by a {kind}"
+
+    async def _rewrite(self, key: str) -> None:
+        """A writer the model does not see (a compactor pass that found nothing to
+        change, say) writes the object again: the same content, a new version."""
+        blob = await self.store.get(key)
+        if "/manifests/" in key:
+            m = decode_manifest(blob.data)
+            m.ver, m.nonce = m.ver + 1, new_nonce()
+            data = encode_manifest(m)
+        else:
+            o = decode_lease(blob.data)
+            o.ver, o.nonce = o.ver + 1, new_nonce()
+            data = encode_lease(o)
+        await self.store.put(key, data, if_match=blob.etag)
 
     # -- time ------------------------------------------------------------------
     @rule(ms=st.one_of(st.integers(0, 3_000), st.integers(9_000, 40_000)))
@@ -510,19 +786,49 @@ class EngineMachine(RuleBasedStateMachine):
     def advance(self, ms: int) -> None:
         self.clock.advance(ms / 1000)
 
+    @precondition(lambda self: self.SKEWED)
+    @rule(ms=st.integers(60_000, 200_000))
+    @guarded
+    def advance_far(self, ms: int) -> None:
+        """Far enough to cross an idempotency window in a few steps."""
+        self.clock.advance(ms / 1000)
+
     # -- invariants --------------------------------------------------------------
     @invariant()
     @guarded
     def check_stats_match_model(self) -> None:
-        now = self.now()
-        s = self.run(self.observer().stats(QUEUE))
-        want = self.model.counts(now)
-        got = {k: getattr(s, k) for k in want}
-        assert got == want, f"stats {got} != model {want}"
-        assert sum(got.values()) == len(self.model.items), "an item is missing from stats"
-        assert s.segments == len(self.model.segments)
-        assert s.dead == len(self.model.dead), f"dlq holds {s.dead}, model {len(self.model.dead)}"
+        for observer in self.observers():
+            now = observer.clock.now_ms()
+            s = self.run(observer.stats(QUEUE))
+            want = self.model.counts(now)
+            got = {k: getattr(s, k) for k in want}
+            if got != want:
+                diff = differences(self.model, self.run(self._store_states()), now)
+                raise AssertionError(
+                    f"stats {got} != model {want} (read at {now - self.now():+d} ms from "
+                    f"the true time); items that differ: {diff}"
+                )
+            assert sum(got.values()) == len(self.model.items), "an item is missing from stats"
+            assert s.segments == len(self.model.segments)
+            assert s.dead == len(self.model.dead), (
+                f"dlq holds {s.dead}, model {len(self.model.dead)}"
+            )
         assert all(it.completions <= 1 for it in self.model.items.values())
+
+    @invariant()
+    @guarded
+    def check_published_once(self) -> None:
+        """The manifest lists every published segment once and counts each item once."""
+        m = decode_manifest(self.run(self.store.get(manifest_key(NS, QUEUE))).data)
+        listed = [sm.id for sm in m.segments]
+        twice = sorted(s for s, c in Counter(listed).items() if c > 1)
+        assert not twice, f"the manifest lists segments {twice} more than once: {listed}"
+        assert sorted(listed) == sorted(self.model.segments), (
+            f"the manifest lists {listed}; published: {self.model.segments}"
+        )
+        assert m.produced == len(self.model.items), (
+            f"the manifest counts {m.produced} items produced; published: {len(self.model.items)}"
+        )
 
     # -- the end: drain everything -------------------------------------------
     def teardown(self) -> None:
@@ -561,7 +867,10 @@ class EngineMachine(RuleBasedStateMachine):
     def _drain(self) -> None:
         """Past every deadline and schedule, lease and complete everything left:
         each unfinished item exactly once more (or dead-lettered when out of
-        attempts); then every dead item is in the dead-letter queue exactly once."""
+        attempts); then every dead item is in the dead-letter queue exactly once.
+        No queue is stuck: a lease returns items while any are ready."""
+        for faulty in self.faulty:
+            faulty.clear()  # armed faults that never fired: the drain runs clean
         m = self.model
         self.clock.advance(3600)
         pending = [it for it in m.items.values() if it.state not in (DONE, GONE)]
@@ -575,11 +884,11 @@ class EngineMachine(RuleBasedStateMachine):
             assert rounds < 500, "drain does not terminate"
             got_any = False
             for engine in self.engines:
-                toks = self._lease(engine, 5, None)
+                toks = self.run(self._lease(engine, 5, None, None))
                 if toks:
                     got_any = True
                     delivered += [t.item for t in toks]
-                    self._complete(engine, toks)
+                    self.run(self._complete(engine, toks))
             if not got_any:
                 idle += 1
                 self.clock.advance(2)  # let the engines' caches age out
@@ -591,6 +900,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert all(it.state in (DONE, GONE) for it in m.items.values())
         self.tally["drained"] += len(delivered)
         self.check_stats_match_model()
+        self.check_published_once()
         self._drain_dlq()
 
     def _drain_dlq(self) -> None:
@@ -621,13 +931,39 @@ class TwoEngineMachine(EngineMachine):
     ENGINES = 2
 
 
+class OvertakenMachine(TwoEngineMachine):
+    FAULTS = True
+
+
+class SkewMachine(TwoEngineMachine):
+    SKEWED = True
+
+    @initialize(offsets=CLOCK_PAIRS)
+    def skew_clocks(self, offsets: tuple[int, int]) -> None:
+        """Each engine's clock off the true time by up to the bound."""
+        for clock, offset in zip(self.clocks, offsets, strict=True):
+            assert isinstance(clock, OffsetClock)
+            clock.offset_ms = offset
+        self.tally["clock pairs"] += 1
+        self.tally["clocks 120 s apart"] += abs(offsets[0] - offsets[1]) == 2 * SKEW_MS
+
+
+class SkewOvertakenMachine(SkewMachine):
+    FAULTS = True
+
+
 # ---------------------------------------------------------------------------
 # The tests
 # ---------------------------------------------------------------------------
 
 
-def _examples(default: int) -> int:
-    return int(os.environ.get("OKQ_PROPERTY_EXAMPLES", "0")) or default
+def _examples(short: int, long: int) -> int:
+    """OKQ_PROPERTY_EXAMPLES: unset, the CI-short count; ``long``, the long count;
+    a number, that many for every configuration."""
+    value = os.environ.get("OKQ_PROPERTY_EXAMPLES", "")
+    if value == "long":
+        return long
+    return int(value or "0") or short
 
 
 def _check(
@@ -643,38 +979,69 @@ def _check(
     )
     machine.tally = Counter()
     began = time.monotonic()
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=_examples(examples),
-            stateful_step_count=50,
-            deadline=None,
-            # No "explain" phase: its coverage-traced replays of a failing stateful
-            # run take minutes here and would trip the 300 s pytest timeout.
-            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        ),
-    )
-    c = machine.tally
+    # Every injected fault makes a cell log a warning; they are the point here.
+    cell_log = logging.getLogger("okq.cell")
+    level = cell_log.level
+    cell_log.setLevel(logging.ERROR if machine.FAULTS else level)
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=50,
+                deadline=None,
+                # No "explain" phase: its coverage-traced replays of a failing stateful
+                # run take minutes here and would trip the 300 s pytest timeout.
+                phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target,
+                        Phase.shrink],
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            ),
+        )
+    finally:
+        cell_log.setLevel(level)
+    _summary(machine.tally, label, time.monotonic() - began)
+
+
+def _summary(c: Counter[str], label: str, seconds: float) -> None:
     if os.environ.get("OKQ_PROPERTY_TALLY"):
         print("\n", dict(c))
+    overtaken = sum(v for k, v in c.items() if k.startswith("writes overtaken"))
+    extra = f", {overtaken} writes overtaken" if overtaken else ""
+    if c["clock pairs"]:
+        extra += f", {c['clocks 120 s apart']} of {c['clock pairs']} clock pairs 120 s apart"
     print(
         f"\nokq engine property [{label}]: {c['examples']} examples "
         f"({c['drained examples']} run to the final drain), {c['steps']} steps, "
         f"{c['leased']} leases and {c['completed']} completions checked, "
         f"{c['refused']} stale tokens refused, {c['drained']} items drained, "
-        f"{c['dead-lettered']} dead letters verified; no item lost or completed twice "
-        f"({time.monotonic() - began:.1f}s)"
+        f"{c['dead-lettered']} dead letters verified{extra}; no item lost, completed "
+        f"twice or published twice ({seconds:.1f}s)"
     )
 
 
 def test_engine_matches_model_memory_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    _check(EngineMachine, "MemoryStore, one engine", 500, monkeypatch)
+    _check(EngineMachine, "MemoryStore, one engine", _examples(100, 500), monkeypatch)
 
 
 def test_engine_matches_model_file_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    _check(FileMachine, "FileStore, one engine", 100, monkeypatch)
+    _check(FileMachine, "FileStore, one engine", _examples(20, 100), monkeypatch)
 
 
 def test_two_engines_share_a_store_safely(monkeypatch: pytest.MonkeyPatch) -> None:
-    _check(TwoEngineMachine, "MemoryStore, two engines", 300, monkeypatch)
+    _check(TwoEngineMachine, "MemoryStore, two engines", _examples(60, 300), monkeypatch)
+
+
+def test_two_engines_survive_overtaken_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    _check(OvertakenMachine, "MemoryStore, two engines, overtaken writes",
+           _examples(80, 400), monkeypatch)
+
+
+def test_two_engines_with_skewed_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    _check(SkewMachine, f"MemoryStore, two engines, clocks within ±{SKEW_MS // 1000} s",
+           _examples(80, 400), monkeypatch)
+
+
+def test_skewed_clocks_and_overtaken_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    _check(SkewOvertakenMachine,
+           f"MemoryStore, two engines, clocks within ±{SKEW_MS // 1000} s, overtaken writes",
+           _examples(40, 200), monkeypatch)

@@ -156,6 +156,112 @@ async def test_ambiguous_mode_does_not_apply_to_reads() -> None:
     assert (await store.get("k")).data == b"v"
 
 
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_overtaken_mode_lands_then_another_writer_writes_then_fails(
+    kind: str, store_factory: StoreFactory
+) -> None:
+    inner = await store_factory(kind)
+    store = FaultyStore(inner)
+    seen: list[tuple[str, bytes]] = []
+
+    async def other_writer(key: str) -> None:
+        # Runs after our write landed and before we see the error: it finds our
+        # version and writes on top of it, by CAS, through the same faulty store
+        # (the rule does not fire on its own hook's write).
+        blob = await store.get(key)
+        seen.append((key, blob.data))
+        await store.put(key, b"theirs", if_match=blob.etag)
+
+    store.inject("put", "overtaken", key="/manifest", then=other_writer)
+    with pytest.raises(StorageError) as got:
+        await store.put("q/manifest", b"ours", if_none_match=True)
+    assert not isinstance(got.value, CASConflict)
+    assert "another writer" in str(got.value)
+    assert seen == [("q/manifest", b"ours")]  # ours landed first
+    assert (await inner.get("q/manifest")).data == b"theirs"  # the re-read finds theirs
+    assert store.injected == [("put", "q/manifest", "overtaken")]
+    assert store.calls == [("put", "q/manifest"), ("get", "q/manifest"), ("put", "q/manifest")]
+
+    # times=1: spent; the next write is untouched.
+    etag = (await inner.get("q/manifest")).etag
+    await store.put("q/manifest", b"again", if_match=etag)
+    assert (await inner.get("q/manifest")).data == b"again"
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_overtaken_delete_is_followed_by_the_hook(
+    kind: str, store_factory: StoreFactory
+) -> None:
+    inner = await store_factory(kind)
+    await inner.put("q/lease", b"old")
+    store = FaultyStore(inner)
+    existed: list[bool] = []
+
+    async def recreate(key: str) -> None:
+        try:
+            await inner.head(key)
+            existed.append(True)
+        except ObjectNotFound:
+            existed.append(False)
+        await inner.put(key, b"recreated", if_none_match=True)
+
+    store.inject("delete", "overtaken", key="q/", then=recreate)
+    with pytest.raises(StorageError):
+        await store.delete("q/lease")
+    assert existed == [False]  # the delete had landed when the other writer came
+    assert (await inner.get("q/lease")).data == b"recreated"
+
+
+async def test_overtaken_rule_never_fires_inside_its_own_hook() -> None:
+    inner = MemoryStore()
+    store = FaultyStore(inner)
+    hooked: list[str] = []
+
+    async def rewrite(key: str) -> None:
+        hooked.append(key)
+        await store.put(key, b"theirs")  # matches the rule, which is held back
+
+    store.inject("put", "overtaken", key="k/", times=-1, then=rewrite)
+    for n in range(2):
+        with pytest.raises(StorageError):
+            await store.put(f"k/{n}", b"ours")
+        assert (await inner.get(f"k/{n}")).data == b"theirs"
+    assert hooked == ["k/0", "k/1"]
+    assert [m for _, _, m in store.injected] == ["overtaken", "overtaken"]
+    # Only writes are overtaken: a read that matches the rule proceeds, no hook.
+    store.clear()
+    store.inject("*", "overtaken", key="k/0", then=rewrite)
+    assert (await store.get("k/0")).data == b"theirs"
+    assert hooked == ["k/0", "k/1"]
+
+
+async def test_overtaken_hook_failure_reaches_the_caller() -> None:
+    inner = MemoryStore()
+    store = FaultyStore(inner)
+
+    async def broken(key: str) -> None:
+        raise RuntimeError(f"the other writer failed on {key}")
+
+    store.inject("put", "overtaken", then=broken)
+    with pytest.raises(RuntimeError, match="other writer failed on a"):
+        await store.put("a", b"ours")
+    assert (await inner.get("a")).data == b"ours"  # it landed before the hook ran
+
+
+async def test_only_overtaken_takes_a_hook() -> None:
+    store = FaultyStore(MemoryStore())
+
+    async def hook(key: str) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="overtaken"):
+        store.inject("put", "overtaken")
+    with pytest.raises(ValueError, match="overtaken"):
+        store.inject("put", "ambiguous", then=hook)
+    assert store.rules == []
+
+
 async def test_crash_mode_raises_before_the_call() -> None:
     inner = MemoryStore()
     store = FaultyStore(inner)
