@@ -6,6 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
+import typing
 from typing import Any
 
 import click
@@ -30,8 +31,20 @@ def _settings_options(fn: Any) -> Any:
         if field.annotation is bool:
             fn = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(fn)
         else:
-            fn = click.option(flag, name, default=None, help=text)(fn)
+            fn = click.option(flag, name, type=_click_type(field.annotation), default=None,
+                              help=text)(fn)
     return fn
+
+
+def _click_type(annotation: Any) -> click.ParamType[Any, Any]:
+    """INTEGER or FLOAT for numeric settings (so --help says so and a bad number is a
+    usage error); text for the rest. Ranges stay with Settings, which names them."""
+    kinds = {a for a in typing.get_args(annotation) if a is not type(None)} or {annotation}
+    if kinds == {int}:
+        return click.INT
+    if kinds == {float}:
+        return click.FLOAT
+    return click.STRING
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -15,13 +15,13 @@ import random
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import aiohttp
 import msgpack
 from pydantic import BaseModel
 
-from okq.errors import BY_CODE, LeaseLost, OkqError, Overloaded, StorageError
+from okq.errors import BY_CODE, LeaseLost, OkqError, Overloaded, QueueExists, StorageError
 from okq.server import schemas as s
 
 log = logging.getLogger("okq.client")
@@ -92,12 +92,20 @@ class Client:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise StorageError(f"cannot reach okq at {self.url}: {exc}") from exc
         try:
-            decoded = msgpack.unpackb(raw, raw=False) if raw else {}
-        except Exception as exc:
-            raise OkqError(f"unreadable reply ({status}) from {self.url}") from exc
+            decoded = msgpack.unpackb(raw, raw=False) if raw else None
+        except Exception:
+            decoded = None
         if status >= 400:
-            raise _error(status, decoded, retry_after)
+            raise _error(status, decoded, retry_after) if _is_error_body(decoded) \
+                else self._not_okq(status, "no okq error body")
+        if not isinstance(decoded, dict):
+            raise self._not_okq(status, "a reply that is not an okq reply")
         return model.model_validate(decoded)
+
+    def _not_okq(self, status: int, what: str) -> OkqError:
+        """The reply of something that is not an okq node (a wrong URL or port)."""
+        return OkqError(f"{self.url} answered HTTP {status} with {what}; is it an okq node?",
+                        status=status, url=self.url, not_okq=True)
 
     # -- items ---------------------------------------------------------------
     async def produce(self, queue: str, items: Sequence[Item]) -> list[str]:
@@ -161,8 +169,18 @@ class Client:
         return (await self.call("dead.redrive", body, s.RedriveResponse)).moved
 
     # -- queues ----------------------------------------------------------------
-    async def create_queue(self, name: str, **settings: Any) -> s.QueueInfoOut:
-        return await self.call("queues.create", {"name": name, **settings}, s.QueueInfoOut)
+    async def create_queue(self, name: str, *, exist_ok: bool = False,
+                           **settings: Any) -> s.QueueInfoOut:
+        """Create a queue. With ``exist_ok`` an existing queue is left as it is (its
+        settings unchanged, whatever ``settings`` say) and its info returned, as
+        ``Engine.create_queue(..., exist_ok=True)`` does in library mode."""
+        try:
+            return await self.call("queues.create", {"name": name, **settings},
+                                   s.QueueInfoOut)
+        except QueueExists:
+            if not exist_ok:
+                raise
+        return await self.queue_info(name)
 
     async def list_queues(self) -> list[s.QueueInfoOut]:
         return (await self.call("queues.list", {}, s.QueuesListResponse)).queues
@@ -184,9 +202,13 @@ class Client:
             return False
 
 
-def _error(status: int, body: Any, retry_after: str | None) -> OkqError:
-    if not isinstance(body, dict):
-        return OkqError(f"HTTP {status}")
+def _is_error_body(body: Any) -> TypeGuard[dict[str, Any]]:
+    """okq's ``{code, message, details}`` error shape."""
+    return isinstance(body, dict) and isinstance(body.get("code"), str) and \
+        isinstance(body.get("message"), str)
+
+
+def _error(status: int, body: dict[str, Any], retry_after: str | None) -> OkqError:
     code, message = str(body.get("code", "")), str(body.get("message", f"HTTP {status}"))
     details = body.get("details") or {}
     cls = BY_CODE.get(code, OkqError)
@@ -264,6 +286,11 @@ class Worker:
     (``backoff_base * 2**(attempts-1)``, capped, with jitter), recording the
     error; the queue's max_attempts then dead-letters it. ``stop()`` stops
     leasing and waits for running handlers; items never started are released.
+    Cancelling ``run()`` (Ctrl-C under ``asyncio.run``) stops at once instead:
+    running handlers are cancelled and their items released without counting
+    an attempt, then the cancellation goes on. An item whose release cannot
+    reach the node, or that a lease request cut short had just leased, returns
+    when its lease times out.
     """
 
     def __init__(
@@ -290,13 +317,23 @@ class Worker:
         self.failed = 0
         self._stop = asyncio.Event()
         self._slots = asyncio.Semaphore(concurrency)
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], s.LeasedItemOut] = {}
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> None:
-        """Run until ``stop()``; then finish what is running."""
+        """Run until ``stop()``; then finish what is running. Cancelled, release
+        what is running and re-raise (see the class docstring)."""
+        try:
+            await self._lease_until_stopped()
+            if self._running:
+                await asyncio.gather(*self._running, return_exceptions=True)
+        except asyncio.CancelledError:
+            await self._abort()
+            raise
+
+    async def _lease_until_stopped(self) -> None:
         while not self._stop.is_set():
             await self._slots.acquire()
             free = 1
@@ -317,17 +354,35 @@ class Worker:
                     self._slots.release()
                     continue
                 task = asyncio.create_task(self._process(item))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
+                self._running[task] = item
+                task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+
+    async def _abort(self) -> None:
+        """Cancel the running handlers, then give their items back uncounted."""
+        self._stop.set()
+        running = dict(self._running)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.gather(*(self._release(item) for item in running.values()))
 
     async def _lease(self, n: int) -> list[s.LeasedItemOut]:
         lease = asyncio.ensure_future(self.client.lease(
             self.queue, n, lease_timeout=self.lease_timeout, request_timeout=self.poll))
         stop = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait({lease, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
+        try:
+            await asyncio.wait({lease, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            lease.cancel()  # never leave the request behind as an orphan task
+            await asyncio.wait({lease})
+            if not lease.cancelled() and lease.exception() is None:  # it had answered
+                await asyncio.gather(*(self._release(i) for i in lease.result()))
+            raise
+        finally:
+            stop.cancel()
         try:
             return await lease
         except (Overloaded, StorageError) as exc:
@@ -337,6 +392,8 @@ class Worker:
             return []
 
     async def _release(self, item: s.LeasedItemOut) -> None:
+        """Give an item back uncounted; one that cannot be returns at its lease timeout
+        (a lease already lost, or completed just before a cancellation, is fine)."""
         with contextlib.suppress(OkqError):
             await self.client.retry(self.queue, item.token, error="worker stopping",
                                     count_attempt=False)

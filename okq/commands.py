@@ -13,6 +13,7 @@ import base64
 import functools
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -80,8 +81,9 @@ def run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T | None]:
             fail(f"{exc.message}; give it with --api-key or OKQ_API_KEY")
         except OkqError as exc:
             field = exc.details.get("field")
-            fail(f"{exc.message}" + (f" (field: {field})" if field and field not in
-                                     exc.message else ""))
+            hint = " (check --url or OKQ_URL)" if exc.details.get("not_okq") else ""
+            fail(f"{exc.message}{hint}" + (f" (field: {field})" if field and field not in
+                                           exc.message else ""))
         except ValidationError as exc:
             first = exc.errors()[0]
             fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
@@ -419,6 +421,9 @@ async def stats(ctx: Ctx, c: Client, queues_: tuple[str, ...], watch: bool,
                 rows = [await c.stats(q) for q in queues_]
         except asyncio.CancelledError:  # Ctrl-C
             return
+    if not out.is_terminal:  # a pipe or a file: a line per queue per refresh, as a log
+        await _watch_lines(c, queues_, rows, interval)
+        return
     with Live(stats_table(rows), console=out, auto_refresh=False) as live:
         try:
             while True:
@@ -427,6 +432,29 @@ async def stats(ctx: Ctx, c: Client, queues_: tuple[str, ...], watch: bool,
                 live.update(stats_table(rows), refresh=True)
         except asyncio.CancelledError:
             return
+
+
+def stats_line(r: s.StatsResponse) -> str:
+    """One queue's counts on one line: ``12:00:01 jobs available=3 in_flight=1 ...``."""
+    counts = " ".join(f"{c}={getattr(r, c)}" for c in STAT_COLUMNS)
+    return f"{datetime.now():%H:%M:%S} {r.queue_name} {counts} oldest={r.oldest_age:.1f}s"
+
+
+async def _watch_lines(c: Client, queues_: tuple[str, ...], rows: list[s.StatsResponse],
+                       interval: float) -> None:
+    """``stats --watch`` when stdout is not a terminal: rich's live table draws
+    nothing there, so each refresh prints its lines and flushes them at once."""
+    try:
+        while True:
+            for r in rows:
+                click.echo(stats_line(r))
+            sys.stdout.flush()
+            await asyncio.sleep(interval)
+            rows = [await c.stats(q) for q in queues_]
+    except asyncio.CancelledError:  # Ctrl-C
+        return
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def items_table(items: list[s.ItemOut], dead: bool = False) -> Table:
@@ -627,7 +655,9 @@ async def import_(ctx: Ctx, c: Client, queue: str, file: str) -> None:
               help="first retry delay in seconds; doubles with each attempt")
 @click.option("--grace", type=float, default=30.0, show_default=True,
               help="seconds running commands may finish after SIGTERM")
-@click.option("--limit", type=int, help="stop after this many items")
+@click.option("--limit", type=click.IntRange(min=1),
+              help="stop once this many items are finished: completed or dead-lettered "
+              "(a retry does not count: the item comes back)")
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 @run
 async def work(ctx: Ctx, c: Client, queue: str, out_queue: str | None, shell: str | None,
@@ -639,7 +669,8 @@ async def work(ctx: Ctx, c: Client, queue: str, out_queue: str | None, shell: st
     each stdout line to OUT in the same step; another exit status retries it with
     a backoff, keeping the end of stderr as its error, until the queue's
     max_attempts dead-letters it. SIGTERM stops leasing and lets running
-    commands finish (or releases their items after --grace).
+    commands finish (or releases their items after --grace). With --limit N
+    it exits once N items are finished (completed or dead-lettered).
     """
     from okq.shellwork import ShellWorker, WorkOptions
 

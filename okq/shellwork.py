@@ -45,7 +45,9 @@ class WorkOptions:
     max_output_lines: int = 1000
     max_line_bytes: int = 1 << 20
     max_output_bytes: int = 4 << 20
-    limit: int | None = None  # stop after this many items (for scripts and tests)
+    #: stop once this many items are finished: completed or dead-lettered (a retry is
+    #: not a finish; the item comes back). For scripts and tests.
+    limit: int | None = None
 
 
 @dataclass
@@ -70,7 +72,7 @@ class ShellWorker:
         self.stats = WorkStats()
         self._stopping = asyncio.Event()
         self._killing = asyncio.Event()
-        self._taken = 0
+        self._claimed = 0  # slots leasing or running an item
         self.max_attempts = 0  # the queue's, read at start: to count dead letters
 
     def stop(self) -> None:
@@ -96,18 +98,29 @@ class ShellWorker:
         await asyncio.sleep(self.o.grace)
         self._killing.set()
 
+    @property
+    def finished(self) -> int:
+        """Items done with for good: what ``limit`` counts."""
+        return self.stats.completed + self.stats.dead
+
     def _want_more(self) -> bool:
+        """Lease only while the items claimed could still fall short of the limit.
+
+        A slot that stops here never strands the limit: each claimed item either
+        finishes or comes back to its own slot, which then leases again."""
         if self._stopping.is_set():
             return False
-        return self.o.limit is None or self._taken < self.o.limit
+        return self.o.limit is None or self.finished + self._claimed < self.o.limit
 
     async def _slot(self) -> None:
         while self._want_more():
-            item = await self._lease()
-            if item is None:
-                continue
-            self._taken += 1
-            await self._handle(item)
+            self._claimed += 1
+            try:
+                item = await self._lease()
+                if item is not None:
+                    await self._handle(item)
+            finally:
+                self._claimed -= 1
 
     async def _lease(self) -> LeasedItemOut | None:
         lease = asyncio.ensure_future(self.client.lease(

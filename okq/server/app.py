@@ -8,6 +8,7 @@ middleware mapping okq's exceptions to ``{code, message, details}`` bodies.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hmac
 import logging
 import time
@@ -15,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -77,7 +78,7 @@ async def parse(request: web.Request, model: type[M]) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise invalid(exc) from None
+        raise invalid(exc, model) from None
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
@@ -88,15 +89,68 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def invalid(exc: ValidationError) -> InvalidRequest:
-    err = exc.errors()[0]
+def invalid(exc: ValidationError, model: type[BaseModel] | None = None) -> InvalidRequest:
+    """The first error, as a 400 naming its field. An unknown field comes first: a
+    misspelt ``itemz`` also makes ``items`` missing, and the typo is what to fix."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     where = field_path(err["loc"]) or "body"
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown field"
+        msg = "unknown field" + _did_you_mean(model, err["loc"])
     elif err["type"] == "missing":
         msg = "field required"
-    return InvalidRequest(f"{where}: {msg}", field=where, errors=len(exc.errors()))
+    return InvalidRequest(f"{where}: {msg}", field=where, errors=len(errors))
+
+
+def _did_you_mean(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> str:
+    """'; did you mean items?' when an unknown field is close to a known one."""
+    if model is None or not loc or not isinstance(loc[-1], str):
+        return ""
+    known = _fields_at(model, loc[:-1])
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The field names of the object at ``loc`` inside ``model`` (list indexes skipped)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if current is not None else None
+        current = _model_in(field.annotation) if field is not None else None
+    return list(current.model_fields) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model inside an annotation such as ``list[Item]`` or ``Outputs | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def check_batch(request: web.Request, n: int, field: str) -> None:
+    """413 for a batch over the node's ``--max-batch``, as for any other size limit."""
+    limit = request.app[SETTINGS].max_batch
+    if n > limit:
+        raise TooLarge(f"{field} holds {n} entries; the limit is {limit}", field=field,
+                       limit=limit)
+
+
+def check_repeats(tokens: list[str], pattern: str) -> None:
+    """A token may appear once per request (``pattern`` has ``{n}``): a repeat would be
+    counted twice although it names one delivery."""
+    seen: dict[str, int] = {}
+    for n, token in enumerate(tokens):
+        if token in seen:
+            here, first = pattern.format(n=n), pattern.format(n=seen[token])
+            raise InvalidRequest(f"{here} repeats {first}", field=here)
+        seen[token] = n
 
 
 # -- middleware ---------------------------------------------------------------
@@ -195,6 +249,7 @@ def _item(i: BrowsedItem) -> s.ItemOut:
 
 async def produce(request: web.Request) -> web.Response:
     body = await parse(request, s.ProduceRequest)
+    check_batch(request, len(body.items), "items")
     engine, settings = request.app[ENGINE], request.app[SETTINGS]
     if engine.pending_produce(body.queue_name) > settings.max_pending_produce:
         raise Overloaded("too many items waiting to be published on this queue; retry later",
@@ -208,6 +263,7 @@ async def produce(request: web.Request) -> web.Response:
 
 async def lease(request: web.Request) -> web.Response:
     body = await parse(request, s.LeaseRequest)
+    check_batch(request, body.batch_size, "batch_size")
     engine, settings = request.app[ENGINE], request.app[SETTINGS]
     if body.request_timeout > settings.max_wait:
         raise InvalidRequest(f"request_timeout: at most {settings.max_wait} seconds",
@@ -224,10 +280,31 @@ async def lease(request: web.Request) -> web.Response:
                                    lease_timeout=body.lease_timeout, wait=body.request_timeout)
     finally:
         waiting[body.queue_name] -= 1
+    if items and _client_gone(request):
+        await _give_back(engine, items, body.queue_name)
+        items = []
     request.app[METRICS].batch.labels("lease").observe(len(items))
     request.app[METRICS].items.labels("leased").inc(len(items))
     return respond(request, s.LeaseResponse(queue_name=body.queue_name,
                                             items=[_leased(i) for i in items]))
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _give_back(engine: Engine, items: list[LeasedItem], queue: str) -> None:
+    """Release, uncounted, what a lease took for a client that has gone (a worker
+    stopped by Ctrl-C while its long poll waited): nobody would get the tokens, and
+    the items would sit leased until their lease timed out. A release that fails
+    leaves the item to that timeout."""
+    for item in items:
+        try:
+            await engine.retry(item.token, queue=queue, count_attempt=False,
+                               error="the lease request's client went away")
+        except OkqError as exc:
+            log.info("could not give back %s after its client went away: %s", item.id, exc)
 
 
 async def renew(request: web.Request) -> web.Response:
@@ -240,7 +317,12 @@ async def renew(request: web.Request) -> web.Response:
 
 async def complete(request: web.Request) -> web.Response:
     body = await parse(request, s.CompleteRequest)
+    check_batch(request, len(body.tokens), "tokens")
+    if body.outputs is not None:
+        check_batch(request, len(body.outputs.items), "outputs.items")
     engine = request.app[ENGINE]
+    engine.check_tokens(body.tokens, body.queue_name, "tokens[{n}]")
+    check_repeats(body.tokens, "tokens[{n}]")
     output_ids = None
     if body.outputs is not None:
         items = [NewItem(i.payload(), ms(i.enqueue_at)) for i in body.outputs.items]
@@ -258,14 +340,11 @@ async def complete(request: web.Request) -> web.Response:
 
 async def retry(request: web.Request) -> web.Response:
     body = await parse(request, s.RetryRequest)
+    check_batch(request, len(body.items), "items")
     engine = request.app[ENGINE]
-    engine.check_tokens([i.token for i in body.items], body.queue_name, "items[{n}].token")
-    seen: dict[str, int] = {}
-    for n, item in enumerate(body.items):
-        if item.token in seen:
-            raise InvalidRequest(f"items[{n}].token repeats items[{seen[item.token]}].token",
-                                 field=f"items[{n}].token")
-        seen[item.token] = n
+    tokens = [i.token for i in body.items]
+    engine.check_tokens(tokens, body.queue_name, "items[{n}].token")
+    check_repeats(tokens, "items[{n}].token")
     done = 0
     failed: list[dict[str, Any]] = []
     for n, item in enumerate(body.items):
@@ -292,7 +371,8 @@ async def stats(request: web.Request) -> web.Response:
     return respond(request, s.StatsResponse(
         queue_name=st.queue, available=st.available, in_flight=st.in_flight,
         scheduled=st.scheduled, waiting_retry=st.waiting_retry, dead=st.dead,
-        dead_lettered=st.dead_lettered, completed=st.completed, segments=st.segments,
+        dead_lettered=st.dead_lettered, completed=st.completed, redriven=st.redriven,
+        segments=st.segments,
         oldest_age=st.oldest_age_s,
     ))
 
@@ -313,7 +393,7 @@ async def queues_create(request: web.Request) -> web.Response:
     try:
         config = QueueConfig.model_validate(_config(body))
     except ValidationError as exc:
-        raise invalid(exc) from None
+        raise invalid(exc, s.QueueCreate) from None
     info = await request.app[ENGINE].create_queue(body.name, config)
     return respond(request, _info(info), 201)
 

@@ -21,34 +21,52 @@ def wants_msgpack(request: web.Request) -> bool:
     return any(t in accept for t in MSGPACK_TYPES)
 
 
-async def read_body(request: web.Request) -> dict[str, Any]:
-    """The body as a dict, decoded by its Content-Type (JSON when absent)."""
-    data = await request.read()
-    if not data.strip():
-        return {}
+#: Content-Types read as JSON: JSON itself, and curl's default for ``-d`` (the body
+#: is still JSON). A request without a Content-Type is read as JSON too.
+JSON_TYPES = (JSON, "application/x-www-form-urlencoded")
+
+
+def body_format(request: web.Request) -> str:
+    """'json' or 'msgpack', from the Content-Type; 415 for any other type.
+
+    aiohttp reports a missing header as ``application/octet-stream``, so the raw
+    header decides whether one was sent at all."""
+    if not request.headers.get("Content-Type", "").strip():
+        return "json"
     ctype = request.content_type
+    if ctype in MSGPACK_TYPES:
+        return "msgpack"
+    if ctype in JSON_TYPES:
+        return "json"
+    raise UnsupportedMediaType(
+        f"unsupported Content-Type {ctype!r}: use application/json or application/msgpack",
+        field="Content-Type",
+    )
+
+
+def decode(data: bytes, kind: str) -> Any:
+    """The body's value; InvalidRequest (field ``body``) when it does not decode."""
     try:
-        if ctype in MSGPACK_TYPES:
-            body = msgpack.unpackb(data, raw=False, timestamp=3)
-        elif ctype in (JSON, "application/octet-stream", "text/plain", "",
-                       # curl -d sends this by default; the body is still JSON
-                       "application/x-www-form-urlencoded"):
-            body = json.loads(data)
-        else:
-            raise UnsupportedMediaType(
-                f"unsupported Content-Type {ctype!r}: use application/json or "
-                "application/msgpack", field="Content-Type",
-            )
-    except InvalidRequest:
-        raise
+        if kind == "msgpack":
+            return msgpack.unpackb(data, raw=False, timestamp=3)
+        return json.loads(data)
     except (ValueError, RecursionError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError) as exc:
-        kind = "msgpack" if ctype in MSGPACK_TYPES else "JSON"
         if isinstance(exc, RecursionError | msgpack.StackError):
             reason = "nested too deeply"
         else:
             reason = str(exc) or type(exc).__name__
-        raise InvalidRequest(f"the body is not valid {kind}: {reason}", field="body") from None
+        name = "msgpack" if kind == "msgpack" else "JSON"
+        raise InvalidRequest(f"the body is not valid {name}: {reason}", field="body") from None
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    """The body as a dict, decoded by its Content-Type (JSON when absent)."""
+    kind = body_format(request)  # an unsupported type is refused whatever the body
+    data = await request.read()
+    if not data.strip():
+        return {}
+    body = decode(data, kind)
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be an object", field="body")
     return body

@@ -16,7 +16,8 @@ ERRORS = {
     "401": "missing or wrong API key (when the node has API keys)",
     "404": "unknown queue",
     "409": "lost or stale lease, or the queue exists",
-    "413": "payload, batch or body too large",
+    "413": "payload, batch or body over the node's limit; details.field names it",
+    "415": "a Content-Type that is neither JSON nor msgpack",
     "429": "overloaded: retry after Retry-After seconds",
     "503": "the store is unavailable or the produce was not published: retry",
 }

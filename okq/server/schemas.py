@@ -217,6 +217,8 @@ class StatsResponse(Body):
     dead: int
     dead_lettered: int
     completed: int
+    redriven: int = Field(0, description="dead letters moved back to their source queues, "
+                                         "not yet compacted")
     segments: int
     oldest_age: float
 

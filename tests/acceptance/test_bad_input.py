@@ -189,6 +189,10 @@ def invalid(id: str, path: str, body: bytes, field: str, msg: str | None = None,
     return case(id, path, body, 400, "invalid_request", field=field, msg=msg, **kw)
 
 
+def too_large(id: str, path: str, body: bytes, field: str, **kw: Any) -> Any:
+    return case(id, path, body, 413, "too_large", field=field, msg="the limit is 50", **kw)
+
+
 def bad_token(id: str, path: str, body: bytes, field: str, msg: str | None = None) -> Any:
     return case(id, path, body, 400, "invalid_token", field=field, msg=msg)
 
@@ -294,6 +298,20 @@ CASES = [
             "lease_timout", "unknown field"),
     invalid("unknown-field-msgpack", S, mp({"queue_name": "q", "x": b"\x00"}), "x",
             "unknown field", ctype=MSGPACK),
+    # a misspelt required field is named, not only the field it leaves missing
+    invalid("misspelt-required-field", P, j({"queue_name": "q", "itemz": [{"utf8": "x"}]}),
+            "itemz", "itemz: unknown field; did you mean items?"),
+    invalid("misspelt-queue-name", L, j({"queue": "q", "batch_size": 1}), "queue",
+            "queue: unknown field; did you mean queue_name?"),
+    invalid("misspelt-field-in-item", P,
+            j({"queue_name": "q", "items": [{"utf8": "x", "enqueu_at": 5}]}),
+            "items[0].enqueu_at", "did you mean enqueue_at?"),
+    invalid("misspelt-field-in-outputs", C,
+            j({"queue_name": "q", "tokens": ["@REAL@"],
+               "outputs": {"queue_nam": "stale", "items": [{"utf8": "o"}]}}),
+            "outputs.queue_nam", "did you mean queue_name?"),
+    invalid("misspelt-setting", QU, j({"name": "q", "max_attempt": 5}), "max_attempt",
+            "did you mean max_attempts?"),
     # -- payloads --------------------------------------------------------------------------
     invalid("bytes-and-utf8", P, j({"queue_name": "q", "items": [{"bytes": "eA==",
                                                                    "utf8": "x"}]}),
@@ -317,16 +335,24 @@ CASES = [
          j({"queue_name": "q", "items": [{"utf8": "fine"}, {"utf8": BIG}]}), 413,
          "too_large", field="items[1]", msg="limit is 1024"),
     case("body-too-large", P, BIG_BODY, 413, "too_large", field="body", msg="65536"),
-    invalid("lease-batch-over-max", L, j({"queue_name": "q", "batch_size": 51}), "batch_size",
-            "1 to 50"),
-    invalid("lease-batch-huge", L, j({"queue_name": "q", "batch_size": 10**30}),
-            "batch_size", "1 to 50"),
+    # a batch over --max-batch is a size limit like the others: 413, naming the field
+    too_large("lease-batch-over-max", L, j({"queue_name": "q", "batch_size": 51}),
+              "batch_size"),
+    too_large("lease-batch-huge", L, j({"queue_name": "q", "batch_size": 10**30}),
+              "batch_size"),
     invalid("lease-batch-zero", L, j({"queue_name": "q", "batch_size": 0}), "batch_size"),
-    invalid("produce-over-max", P,
-            j({"queue_name": "q", "items": [{"utf8": str(n)} for n in range(51)]}), "items",
-            "1 to 50"),
-    invalid("complete-over-max", C, j({"queue_name": "q", "tokens": ["@REAL@"] * 51}),
-            "tokens", "1 to 50"),
+    too_large("produce-over-max", P,
+              j({"queue_name": "q", "items": [{"utf8": str(n)} for n in range(51)]}), "items"),
+    too_large("produce-over-max-msgpack", P,
+              mp({"queue_name": "q", "items": [{"bytes": b"x"}] * 51}), "items", ctype=MSGPACK),
+    too_large("complete-over-max", C, j({"queue_name": "q", "tokens": ["@REAL@"] * 51}),
+              "tokens"),
+    too_large("complete-outputs-over-max", C,
+              j({"queue_name": "q", "tokens": ["@REAL@"],
+                 "outputs": {"queue_name": "stale", "items": [{"utf8": "o"}] * 51}}),
+              "outputs.items"),
+    too_large("retry-over-max", RT, j({"queue_name": "q", "items": [{"token": "@REAL@"}] * 51}),
+              "items"),
     invalid("items-list-limit-over-max", IL, j({"queue_name": "q", "limit": 1001}), "limit"),
     invalid("redrive-limit-zero", DR, j({"queue_name": "q", "limit": 0}), "limit"),
     # -- unknown queue ---------------------------------------------------------------------
@@ -443,6 +469,16 @@ CASES = [
     case("content-type-multipart", P, j({"queue_name": "q", "items": [{"utf8": "x"}]}), 415,
          "unsupported_media_type", field="Content-Type", msg="multipart/form-data",
          ctype="multipart/form-data"),
+    case("content-type-text-plain", P, j({"queue_name": "q", "items": [{"utf8": "x"}]}), 415,
+         "unsupported_media_type", field="Content-Type", msg="text/plain", ctype="text/plain"),
+    case("content-type-text-plain-charset", S, j({"queue_name": "q"}), 415,
+         "unsupported_media_type", field="Content-Type", msg="text/plain",
+         ctype="text/plain; charset=utf-8"),
+    case("content-type-octet-stream", S, j({"queue_name": "q"}), 415,
+         "unsupported_media_type", field="Content-Type", msg="application/octet-stream",
+         ctype="application/octet-stream"),
+    case("content-type-text-plain-empty-body", S, b"", 415, "unsupported_media_type",
+         field="Content-Type", ctype="text/plain"),
     case("get-on-post-route", S, b"", 405, "method_not_allowed", msg="method not allowed",
          method="GET"),
     case("put-on-post-route", P, j({"queue_name": "q", "items": [{"utf8": "x"}]}), 405,
@@ -582,6 +618,25 @@ def test_retry_batch_refuses_a_repeated_token(world: World) -> None:
     assert stats.body()["in_flight"] == 1  # nothing was applied
 
 
+def test_complete_batch_refuses_a_repeated_token(world: World) -> None:
+    """As retry does: a token named twice in one request is one delivery, not two
+    completions; the request is refused whole and names the repeat."""
+    url = world.node.url
+    queue = f"{ISOLATED}complete-repeat"
+    ok(url, QC, {"name": queue})
+    ok(url, P, {"queue_name": queue, "items": [{"utf8": "a"}, {"utf8": "b"}]})
+    first = lease_one(url, queue, 3600)
+    second = lease_one(url, queue, 3600)
+    reply = call(url, C, {"queue_name": queue, "tokens": [first, second, first]})
+    assert reply.status == 400, reply.raw
+    err = check_error(reply)
+    assert (err["code"], err["details"]["field"]) == ("invalid_request", "tokens[2]")
+    assert "tokens[2] repeats tokens[0]" in err["message"]
+    stats = call(url, S, {"queue_name": queue}).body()
+    assert (stats["in_flight"], stats["completed"]) == (2, 0)  # nothing was applied
+    assert ok(url, C, {"queue_name": queue, "tokens": [first, second]})["completed"] == 2
+
+
 def test_retry_batch_names_the_lost_lease(world: World) -> None:
     url = world.node.url
     queue = f"{ISOLATED}retry-partial"
@@ -613,4 +668,8 @@ def test_token_with_altered_padding_bits_is_refused(world: World) -> None:
         base64.urlsafe_b64decode(twin.split(".")[1] + "==")
     reply = call(url, R, {"queue_name": queue, "token": twin})
     assert reply.status == 400, reply.raw
-    assert check_error(reply)["code"] == "invalid_token"
+    err = check_error(reply)
+    assert err["code"] == "invalid_token"
+    # a well-formed token with one signature character changed: a bad signature,
+    # not "not an okq lease token"
+    assert err["message"] == "token has a bad signature", err

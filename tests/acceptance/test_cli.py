@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import http.server
 import json
 import os
 import pty
@@ -31,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -219,6 +221,52 @@ def test_url_from_env_and_flag(cli: Cli) -> None:
     assert "url-q" in cli.ok("--url", cli.url, "queues", "list", url=closed).out
     cli.many_fail([(("stats", "url-q"), 1, f"cannot reach okq at {closed}")], url=closed)
     cli.many_fail([(("--url", closed, "stats", "url-q"), 1, f"cannot reach okq at {closed}")])
+
+
+class _NotOkq(http.server.BaseHTTPRequestHandler):
+    """Another HTTP service on the port --url names: answers every POST with
+    ``status`` and ``body`` (set per server class)."""
+
+    status = 404
+    body = b""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(self.status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def not_okq_server(status: int, body: bytes) -> Iterator[str]:
+    handler = type("Handler", (_NotOkq,), {"status": status, "body": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize(("status", "body", "what"), [
+    (404, b"", "HTTP 404 with no okq error body"),
+    (404, b"<html>404: Not Found</html>", "HTTP 404 with no okq error body"),
+    (200, b"<html>welcome</html>", "HTTP 200 with a reply that is not an okq reply"),
+], ids=["404-empty", "404-html", "200-html"])
+def test_url_of_a_server_that_is_not_okq(cli: Cli, status: int, body: bytes,
+                                         what: str) -> None:
+    """Another service on --url is named as such, not left as a bare 'HTTP 404'."""
+    with not_okq_server(status, body) as url:
+        msg = cli.fails("stats", "q", url=url)
+    assert msg == f"error: {url} answered {what}; is it an okq node? (check --url or OKQ_URL)"
 
 
 # -- queues --------------------------------------------------------------------------------
@@ -509,6 +557,61 @@ def test_stats_watch_refreshes_until_interrupted(cli: Cli) -> None:
     assert "Traceback" not in text + err.decode()
     assert proc.returncode in (0, 130), (proc.returncode, err)
     assert err.decode().strip() in ("", "Aborted!")
+
+
+def test_stats_watch_in_a_pipe_prints_a_line_per_refresh(cli: Cli) -> None:
+    """Piped, the live table would draw nothing: each refresh prints a line per queue
+    at once (a log to tail or grep), and Ctrl-C ends it cleanly."""
+    make_queue(cli.url, "swp", "one")
+    make_queue(cli.url, "swp-b")
+    proc = subprocess.Popen([*OKQ, "stats", "--watch", "--interval", "0.3", "swp", "swp-b"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env_for(cli.url))
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        _wait_for(lambda: len(lines) >= 4, 15)  # two refreshes, each a line per queue
+        sync(_produce(cli.url, "swp", "two"))
+        _wait_for(lambda: any(" swp available=2 " in line for line in lines), 15)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        reader.join(5)
+    record("\n".join(lines), err)
+    assert "Traceback" not in err
+    assert proc.returncode in (0, 130), (proc.returncode, err)
+    pattern = re.compile(r"^\d\d:\d\d:\d\d (swp|swp-b) available=\d+ in_flight=\d+ "
+                         r"scheduled=\d+ waiting_retry=\d+ dead=\d+ completed=\d+ "
+                         r"oldest=[\d.]+s$")
+    assert all(pattern.match(line) for line in lines), lines
+    assert [line.split()[1] for line in lines[:4]] == ["swp", "swp-b", "swp", "swp-b"]
+    assert "swp available=1 " in lines[0]
+
+
+def test_serve_help_shows_number_types(cli: Cli) -> None:
+    """Numeric settings read as numbers: --help says INTEGER or FLOAT, and a word
+    where a number belongs is a usage error before anything starts."""
+    text = cli.ok("serve", "--help", url=None).out
+    types = dict(re.findall(r"^  (--[a-z-]+) ([A-Z]+)", text, re.MULTILINE))
+    assert {k: types[k] for k in ("--port", "--max-batch", "--max-item-bytes",
+                                  "--max-waiting", "--linger", "--max-wait")} == {
+        "--port": "INTEGER", "--max-batch": "INTEGER", "--max-item-bytes": "INTEGER",
+        "--max-waiting": "INTEGER", "--linger": "FLOAT", "--max-wait": "FLOAT"}
+    assert types["--store"] == "TEXT" and types["--log-level"] == "TEXT"
+    cli.many_fail([
+        (("serve", "--port", "http"), 2, "'http' is not a valid integer"),
+        (("serve", "--linger", "soon"), 2, "'soon' is not a valid float"),
+    ], url=None)
 
 
 def _wait_for(cond: Any, timeout: float) -> None:

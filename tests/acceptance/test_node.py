@@ -16,7 +16,14 @@ import aiohttp
 import pytest
 
 from okq.client import Client, SyncClient, Worker
-from okq.errors import InvalidRequest, InvalidToken, LeaseLost, Overloaded, QueueNotFound
+from okq.errors import (
+    InvalidRequest,
+    InvalidToken,
+    LeaseLost,
+    Overloaded,
+    QueueExists,
+    QueueNotFound,
+)
 from okq.server import schemas as s
 from tests.nodes import Node, okq_node
 
@@ -172,6 +179,76 @@ async def test_worker(node: Node) -> None:
         stats = await c.stats("work")
         assert (stats.available, stats.in_flight, stats.waiting_retry, stats.completed) == \
             (0, 0, 0, 40)
+
+
+async def test_cancelled_worker_releases_running_items_and_leaves_no_task(node: Node) -> None:
+    """Ctrl-C under asyncio.run cancels the worker's task: running handlers stop,
+    their items go back at once without spending an attempt, and no request is left
+    behind as an orphan task (its failure was the 'Task exception was never
+    retrieved' traceback users saw)."""
+    async with Client(node.url) as c:
+        await c.create_queue("cancel")
+        await c.produce("cancel", ["a", "b"])
+        started: list[str] = []
+
+        async def handler(item: s.LeasedItemOut) -> None:
+            started.append(item.utf8 or "")
+            await asyncio.sleep(3600)
+
+        worker = Worker(c, "cancel", handler, concurrency=4, lease_timeout=600, poll=30)
+        before = asyncio.all_tasks()
+        task = asyncio.create_task(worker.run())
+        for _ in range(200):
+            if len(started) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(started) == ["a", "b"]
+        await asyncio.sleep(0.3)  # the worker now waits in a long poll for two more
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 15)
+        await asyncio.sleep(0)
+        left = [t for t in asyncio.all_tasks() - before if not t.done()]
+        assert left == [], left  # no lease request or handler still running
+
+        # Given back, not left leased. The node's side of the abandoned long poll may
+        # take a released item for a moment: the node gives it back when it sees that
+        # the poll's client has gone.
+        again: list[s.LeasedItemOut] = []
+        for _ in range(5):
+            again += await c.lease("cancel", 2 - len(again), request_timeout=1)
+            if len(again) == 2:
+                break
+        assert sorted(i.utf8 or "" for i in again) == ["a", "b"]
+        assert [i.attempts for i in again] == [1, 1]  # the cancelled run spent no attempt
+
+
+async def test_a_long_poll_whose_client_went_away_leases_nothing(node: Node) -> None:
+    """A client that gives up on a long poll (a worker stopped by Ctrl-C) must not
+    leave the next item leased to nobody until its lease times out."""
+    async with Client(node.url) as c:
+        await c.create_queue("gone")
+        poll = asyncio.create_task(c.lease("gone", 1, lease_timeout=600, request_timeout=20))
+        await asyncio.sleep(0.5)  # the node is waiting for an item
+        poll.cancel()  # the client goes away
+        with pytest.raises(asyncio.CancelledError):
+            await poll
+        await asyncio.sleep(0.2)
+        await c.produce("gone", ["x"])  # wakes the abandoned poll on the node
+        # the node gives the item back as soon as it sees the poll's client gone
+        [item] = await c.lease("gone", 1, request_timeout=5)
+        assert (item.utf8, item.attempts) == ("x", 1)  # the abandoned poll spent no attempt
+
+
+async def test_create_queue_exist_ok(node: Node) -> None:
+    async with Client(node.url) as c:
+        first = await c.create_queue("once", max_attempts=4)
+        with pytest.raises(QueueExists):
+            await c.create_queue("once")
+        again = await c.create_queue("once", exist_ok=True, max_attempts=9)
+        assert again == first  # the existing queue, its settings unchanged
+        fresh = await c.create_queue("new-with-exist-ok", exist_ok=True, lease_timeout=7)
+        assert fresh.lease_timeout == 7
 
 
 async def test_overload_is_answered_429(store_url: tuple[str, str | None],

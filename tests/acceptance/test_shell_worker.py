@@ -166,10 +166,9 @@ def test_a_thousand_items_through_a_failing_shell_command(node: Node, tmp_path: 
     setup(node.url, {"k-dlq": {}, "k-out": {},
                      "k-in": {"max_attempts": MAX_ATTEMPTS, "dead_queue": "k-dlq"}},
           "k-in", [str(n) for n in range(1, N + 1)])
-    # leases: one per item, three for those that always fail, two for the flaky ones
-    leases = N + (MAX_ATTEMPTS - 1) * (N // 10) + N // 10
+    # --limit counts finished items (completed or dead-lettered): all N of them
     worker = work(node.url, "-q", "k-in", "-Q", "k-out", "--concurrency", "8",
-                  "--backoff", "0.05", "--limit", str(leases),
+                  "--backoff", "0.05", "--limit", str(N),
                   "-c", FLAKY.replace("MARKS", str(marks)))
     summary = worker.wait(timeout=150).summary()
 
@@ -345,10 +344,51 @@ def test_idle_worker_stops_promptly(node: Node) -> None:
 def test_summary_counts_items_dead_lettered_by_max_attempts(node: Node) -> None:
     setup(node.url, {"sd-dlq": {}, "sd-in": {"max_attempts": 2, "dead_queue": "sd-dlq"}},
           "sd-in", ["d1", "d2"])
-    summary = work(node.url, "-q", "sd-in", "--backoff", "0.05", "--limit", "4",
+    summary = work(node.url, "-q", "sd-in", "--backoff", "0.05", "--limit", "2",
                    "--", PY, "-c", "import sys; sys.exit(1)").wait().summary()
     assert stats(node.url, "sd-in").dead_lettered == 2
     assert (summary["dead"], summary["retried"]) == (2, 2)
+
+
+FAIL_ONCE = """
+import os, sys
+payload = sys.stdin.read()
+mark = os.path.join(sys.argv[1], payload)
+if not os.path.exists(mark):
+    open(mark, "w").close()
+    sys.exit("first try fails")
+print(payload)
+"""
+
+
+def test_limit_counts_finished_items_not_retries(node: Node, tmp_path: Path) -> None:
+    """--limit 1 means one item finished: a retry is not the one item; the worker goes
+    on until the retried item completes (or is dead-lettered)."""
+    setup(node.url, {"lim-out": {}, "lim-in": {"max_attempts": 3}}, "lim-in", ["f1"])
+    summary = work(node.url, "-q", "lim-in", "-Q", "lim-out", "--backoff", "0.05",
+                   "--limit", "1", "--", PY, "-c", FAIL_ONCE, str(tmp_path)).wait().summary()
+    assert summary == {"completed": 1, "retried": 1, "dead": 0, "released": 0, "outputs": 1}
+    assert texts(node.url, "lim-out") == Counter(["f1"])  # completed, after its retry
+    st = stats(node.url, "lim-in")
+    assert (st.completed, st.in_flight, st.waiting_retry) == (1, 0, 0)
+
+
+def test_limit_with_concurrency_stops_at_exactly_the_limit(node: Node, tmp_path: Path) -> None:
+    setup(node.url, {"limc-in": {"max_attempts": 3}}, "limc-in", [f"c{n}" for n in range(12)])
+    summary = work(node.url, "-q", "limc-in", "--concurrency", "4", "--backoff", "0.05",
+                   "--limit", "5", "--", PY, "-c", FAIL_ONCE, str(tmp_path)).wait().summary()
+    assert summary["completed"] == 5 and summary["released"] == 0
+    st = stats(node.url, "limc-in")
+    assert (st.completed, st.in_flight) == (5, 0)
+
+
+def test_work_help_says_what_limit_counts() -> None:
+    proc = subprocess.run([*OKQ, "work", "--help"], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert "stop once this many items are finished: completed or dead-lettered" in text
+    assert "a retry does not count" in text
 
 
 def test_output_over_the_node_item_limit_is_dead_lettered(tmp_path: Path) -> None:

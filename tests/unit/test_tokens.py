@@ -229,3 +229,24 @@ def test_standard_alphabet_spelling_is_refused() -> None:
     token = next(t for t in tokens if "-" in t or "_" in t)
     assert SIGNER.verify(token, "ns")
     refused(SIGNER, token.replace("-", "+").replace("_", "/"))
+
+
+@pytest.mark.parametrize("token", TOKENS, ids=["two-keys", "one-key"])
+def test_any_single_character_change_of_the_mac_is_a_bad_signature(token: str) -> None:
+    """A well-formed token whose MAC does not verify says so, whichever character of
+    the MAC was changed and to what: the last character (whose unused bits make the
+    spelling non-canonical) and characters outside base64url included."""
+    body, mac = token.split(".")
+    for pos in range(len(mac)):
+        for new in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+/=!é ":
+            if new == mac[pos]:
+                continue
+            edited = f"{body}.{mac[:pos]}{new}{mac[pos + 1:]}"
+            assert "bad signature" in refused(SIGNER, edited).message, (pos, new)
+
+
+@pytest.mark.parametrize("mac", ["", "AB", "AAAA", "A" * 23],
+                         ids=["empty", "short-non-canonical", "short", "long"])
+def test_a_mac_of_the_wrong_length_is_a_bad_signature(mac: str) -> None:
+    body = SIGNER.sign(D).split(".")[0]
+    assert "bad signature" in refused(SIGNER, f"{body}.{mac}").message
