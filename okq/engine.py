@@ -96,7 +96,7 @@ class EngineOptions:
     dead_grace: float = 10.0  # help a stalled dead-letter move after this
     contention_backoff: float = 1.0  # avoid a segment this long after losing a race
     segment_cache_bytes: int = 64 << 20
-    max_idem_keys: int = 20_000  # live idempotency keys per queue (they ride in the manifest)
+    max_idem_keys: int = 10_000  # live idempotency keys per queue (they ride in the manifest)
     # The fleet's clock-skew bound: every clock within this of the true time.
     max_clock_skew: float = MAX_CLOCK_SKEW_MS / 1000
     # Lease objects holding leases re-read per lease call at most: long-running

@@ -74,7 +74,7 @@ class Publisher:
         idem_window_ms: int,
         max_segment_items: int,
         max_segment_bytes: int,
-        max_idem_keys: int = 20_000,
+        max_idem_keys: int = 10_000,
         max_clock_skew_ms: int = MAX_CLOCK_SKEW_MS,
     ) -> None:
         self.store = store

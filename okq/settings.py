@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     max_pending_produce: int = Field(
         50_000, ge=1, description="items waiting to be published per queue before 503"
     )
+    idem_window: float = Field(
+        300, ge=1, le=86_400, description="seconds a producer idempotency key is honoured"
+    )
+    max_idempotency_keys: int = Field(
+        10_000, ge=1, le=1_000_000,
+        description="live idempotency keys per queue (kept in its manifest) before 429",
+    )
     self_check: bool = Field(True, description="check the store honours conditional writes")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
 
@@ -98,4 +105,6 @@ class Settings(BaseSettings):
             max_item_bytes=self.max_item_bytes,
             max_batch=self.max_batch,
             max_wait=self.max_wait,
+            idem_window=self.idem_window,
+            max_idem_keys=self.max_idempotency_keys,
         )
