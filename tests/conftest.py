@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from okq import Engine, ManualClock
 from okq.store import FileStore, MemoryStore, S3Store, Store
+from tests.engines import make_engine
 from tests.servers import BUCKET, MotoServer, SeaweedServer, ensure_dummy_credentials
 from tests.stores import ALL_STORES, ATOMIC_STORES, S3_STORES, StoreFactory
 
@@ -98,3 +100,23 @@ async def any_store(request: pytest.FixtureRequest, store_factory: StoreFactory)
 @pytest.fixture(params=_store_params(ATOMIC_STORES))
 async def atomic_store(request: pytest.FixtureRequest, store_factory: StoreFactory) -> Store:
     return await store_factory(request.param)
+
+
+# -- fixtures for modules parametrised by ``kind`` ------------------------------------
+
+
+@pytest.fixture
+async def store(kind: str, store_factory: StoreFactory) -> Store:
+    """A fresh store of the module's ``kind`` (modules parametrise ``kind``)."""
+    return await store_factory(kind)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+async def engine(store: Store, clock: ManualClock) -> Engine:
+    """An engine on ``store`` and ``clock``, started (its self-check passed)."""
+    return await make_engine(store, clock).start()

@@ -27,11 +27,12 @@ import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Literal, Self
 
 import aiohttp
 from aiohttp import web
+
+from tests.servers import Server
 
 HOST = "127.0.0.1"
 #: Headers that describe one connection, not the request; aiohttp sets its own.
@@ -87,7 +88,7 @@ class Rule:
                                f"within {timeout} s")
 
 
-class S3Proxy:
+class S3Proxy(Server):
     """``with S3Proxy(upstream) as proxy:`` — forward to ``upstream``, with faults."""
 
     def __init__(self, upstream: str, *, seed: int | None = None) -> None:
@@ -196,13 +197,3 @@ class S3Proxy:
         self._thread.join(10)
         loop.close()
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -93,7 +93,7 @@ def _loopback_only(endpoint: str) -> str:
 # -- moto -----------------------------------------------------------------------
 
 
-class _Server(abc.ABC):
+class Server(abc.ABC):
     """A server started by ``start()`` and stopped by ``stop()``; a context manager."""
 
     @abc.abstractmethod
@@ -114,7 +114,7 @@ class _Server(abc.ABC):
         self.stop()
 
 
-class MotoServer(_Server):
+class MotoServer(Server):
     """moto's S3 server in a thread of this process, on a free loopback port.
 
     Functional tests only: its conditional writes are not atomic under
@@ -205,7 +205,7 @@ def _port_answers(port: int, timeout: float = 0.25) -> bool:
         return False
 
 
-class SeaweedServer(_Server):
+class SeaweedServer(Server):
     """``weed mini`` on loopback in a temporary directory, with a bucket ready."""
 
     def __init__(self, bucket: str = BUCKET, start_timeout: float = 60.0) -> None:

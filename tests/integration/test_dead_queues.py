@@ -26,21 +26,6 @@ from tests.stores import StoreFactory
 pytestmark = pytest.mark.parametrize("kind", ["memory", "file"])
 
 
-@pytest.fixture
-async def store(kind: str, store_factory: StoreFactory) -> Store:
-    return await store_factory(kind)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-async def engine(store: Store, clock: ManualClock) -> Engine:
-    return await make_engine(store, clock).start()
-
-
 def dead_to(name: str, **settings: object) -> QueueConfig:
     return QueueConfig(dead_queue=name, **settings)
 

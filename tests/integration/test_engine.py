@@ -23,21 +23,11 @@ from okq.errors import (
 )
 from okq.store import CountingStore, Store
 from tests.engines import make_engine
-from tests.stores import ALL_STORES, S3_STORES, StoreFactory
+from tests.stores import ALL_STORES, S3_STORES
 
 pytestmark = pytest.mark.parametrize(
     "kind", [pytest.param(k, marks=[pytest.mark.s3] if k in S3_STORES else []) for k in ALL_STORES]
 )
-
-
-@pytest.fixture
-async def store(kind: str, store_factory: StoreFactory) -> Store:
-    return await store_factory(kind)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
 
 
 @pytest.fixture

@@ -17,17 +17,12 @@ from okq.keys import lease_key, manifest_key, new_segment_id, segment_key
 from okq.model import LEASED, Segment, SegmentItem, decode_lease, decode_manifest, encode_segment
 from okq.store import FaultyStore, SimulatedCrash, Store, list_all
 from tests.engines import make_engine
-from tests.stores import ATOMIC_STORES, S3_STORES, StoreFactory
+from tests.stores import ATOMIC_STORES, S3_STORES
 
 pytestmark = pytest.mark.parametrize(
     "kind",
     [pytest.param(k, marks=[pytest.mark.s3] if k in S3_STORES else []) for k in ATOMIC_STORES],
 )
-
-
-@pytest.fixture
-async def store(kind: str, store_factory: StoreFactory) -> Store:
-    return await store_factory(kind)
 
 
 async def _queue(e: Engine, **config: object) -> None:

@@ -25,14 +25,8 @@ from okq.model import DEAD, decode_lease, decode_manifest
 from okq.store import CountingStore, FaultyStore, SimulatedCrash, Store, list_all
 from okq.store.base import Blob, ListPage, ObjectInfo
 from tests.engines import make_engine
-from tests.stores import StoreFactory
 
 pytestmark = pytest.mark.parametrize("kind", ["memory", "file"])
-
-
-@pytest.fixture
-async def store(kind: str, store_factory: StoreFactory) -> Store:
-    return await store_factory(kind)
 
 
 class Overtaken:
