@@ -23,12 +23,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import ValidationError
 
 from compactor.core import Compactor, CompactorOptions, Report, children
-from okq.engine import Engine, EngineOptions, generate_key
+from okq.clock import SystemClock
 from okq.errors import OkqError
-from okq.keys import NAME_RE
+from okq.keys import NAME_RE, manifests_prefix
+from okq.runtime import EngineOptions, Runtime
 from okq.settings import Settings
 from okq.store import Store, open_store
-from okq.tokens import TokenSigner
+from okq.store.selfcheck import check_conditional_writes
 
 log = logging.getLogger("okq.compactor")
 
@@ -166,16 +167,16 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
               metrics_port: int | None, all_namespaces: bool = False,
               metrics_host: str | None = None) -> None:
     store = open_store(settings.store, endpoint_url=settings.endpoint_url)
-    signer = TokenSigner([generate_key()])  # the compactor mints no lease tokens
-    engines: dict[str, Compactor] = {}
+    compactors: dict[str, Compactor] = {}
 
     def compactor_for(ns: str) -> Compactor:
-        if ns not in engines:
-            engine = Engine(store, signer, namespace=ns, options=settings.engine_options())
-            engines[ns] = Compactor(engine, options=options)
-        return engines[ns]
+        if ns not in compactors:
+            rt = Runtime(store, ns, SystemClock(), settings.engine_options())
+            compactors[ns] = Compactor(rt, options=options)
+        return compactors[ns]
 
-    await compactor_for(settings.namespace).engine.start(self_check=settings.self_check)
+    if settings.self_check:
+        await check_conditional_writes(store)
     metrics = Metrics()
     host = metrics_host or settings.host
     runner = await _serve_metrics(metrics, host, metrics_port) if metrics_port else None
@@ -202,8 +203,8 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
     finally:
-        for c in engines.values():
-            await c.engine.close()
+        for c in compactors.values():
+            await c.rt.close()
         await store.close()
         if runner is not None:
             await runner.cleanup()
@@ -214,7 +215,7 @@ async def namespaces(store: Store) -> list[str]:
     found = []
     async for name in children(store, ""):
         if NAME_RE.fullmatch(name):
-            page = await store.list(f"{name}/manifests/", limit=1)
+            page = await store.list(manifests_prefix(name), limit=1)
             if page.items:
                 found.append(name)
     return found

@@ -35,21 +35,27 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
-from okq.cell import Unchanged
+from okq import transitions as tr
+from okq.admin import Admin
 from okq.clock import Clock, SystemClock
 from okq.engine import Engine
-from okq.errors import ObjectNotFound, OkqError
-from okq.keys import lease_key, new_segment_id, segment_created_ms, segment_key
+from okq.errors import ObjectNotFound
+from okq.finishers import Finishers
+from okq.keys import (
+    lease_key,
+    leases_prefix,
+    new_segment_id,
+    segment_created_ms,
+    segment_key,
+    segments_prefix,
+)
+from okq.manifest_ops import CompactionCommit
 from okq.model import (
-    DEAD,
-    DEAD_PENDING,
-    DONE,
-    LEASED,
-    OUTPUTS_PENDING,
+    HALF_DONE,
+    IN_FLIGHT,
     WAITING,
     ItemState,
     LeaseObject,
-    Manifest,
     QueueConfig,
     Segment,
     SegmentItem,
@@ -59,6 +65,7 @@ from okq.model import (
     fresh_ready_ms,
     new_nonce,
 )
+from okq.runtime import Runtime
 from okq.store import Store, list_all
 
 log = logging.getLogger("okq.compactor")
@@ -126,32 +133,29 @@ class _Seg:
         return ((i, self.obj.items.get(i)) for i in range(self.meta.count))
 
     def live(self) -> int:
-        return sum(1 for _, st in self.states()
-                   if st is None or st.s in (WAITING, LEASED, DEAD_PENDING, OUTPUTS_PENDING))
+        return sum(1 for _, st in self.states() if not tr.is_finished(st))
 
     def finished(self) -> bool:
-        return all(st is not None and st.s in (DONE, DEAD) for _, st in self.states())
+        return all(tr.is_finished(st) for _, st in self.states())
 
     def busy(self) -> bool:
-        return any(st is not None and st.s in (LEASED, DEAD_PENDING, OUTPUTS_PENDING)
-                   for _, st in self.states())
+        return any(st is not None and st.s in IN_FLIGHT for _, st in self.states())
 
     def stalled(self) -> list[int]:
-        return [i for i, st in self.states()
-                if st is not None and st.s in (DEAD_PENDING, OUTPUTS_PENDING)]
-
-
-class _SealRefused(OkqError):
-    pass
+        return [i for i, st in self.states() if st is not None and st.s in HALF_DONE]
 
 
 class Compactor:
-    def __init__(self, engine: Engine, *, clock: Clock | None = None,
+    def __init__(self, runtime: Runtime | Engine, *, clock: Clock | None = None,
                  options: CompactorOptions | None = None) -> None:
-        self.engine = engine
-        self.store: Store = engine.store
-        self.ns = engine.ns
-        self.clock = clock or engine.clock or SystemClock()
+        """``runtime``: the queues' runtime to work through (an engine's will do: a
+        compactor and a node in one process then share cells and caches)."""
+        self.rt = runtime.runtime if isinstance(runtime, Engine) else runtime
+        self.finishers = Finishers(self.rt)
+        self.admin = Admin(self.rt)
+        self.store: Store = self.rt.store
+        self.ns = self.rt.ns
+        self.clock = clock or self.rt.clock or SystemClock()
         self.opts = options or CompactorOptions()
         self._last_pass: dict[str, float] = {}
 
@@ -159,7 +163,7 @@ class Compactor:
     async def run_once(self) -> Report:
         report = Report()
         began = time.monotonic()
-        for queue in await self.engine.list_queues():
+        for queue in await self.admin.list_queues():
             try:
                 report.add(await self.compact_queue(queue))  # .seconds is set below
             except ObjectNotFound:
@@ -174,7 +178,7 @@ class Compactor:
         now_wall = began = time.monotonic()
         if queue in self._last_pass:
             report.lag[queue] = now_wall - self._last_pass[queue]
-        cell = self.engine.manifest_cell(queue)
+        cell = self.rt.manifest_cell(queue)
         m = await cell.read(0)
         if m is None:
             return report
@@ -193,7 +197,7 @@ class Compactor:
                 report.segments_merged += len(sources)
                 report.merged_into += 1
                 report.items_moved += moved
-        self.engine.forget_segments(queue, [*finished, *(s for _, g, _ in merged for s in g)])
+        self.rt.forget_segments(queue, [*finished, *(s for _, g, _ in merged for s in g)])
         await self._collect(queue, report)
         self._last_pass[queue] = now_wall
         report.seconds = time.monotonic() - began
@@ -202,18 +206,18 @@ class Compactor:
     def _young(self, sm: SegmentMeta) -> bool:
         min_age = self.opts.min_age
         if min_age is None:
-            o = self.engine.opts
+            o = self.rt.opts
             min_age = o.publish_timeout + 2 * o.max_clock_skew
         return self.clock.now_ms() - sm.created_ms < min_age * 1000
 
     async def _walk(self, queue: str, sm: SegmentMeta) -> _Seg:
-        cell = self.engine.lease_cell(queue, sm.id)
+        cell = self.rt.lease_cell(queue, sm.id)
         await cell.refresh()
         return _Seg(sm, cell.cached() or LeaseObject(sm.id))
 
     async def _segment(self, queue: str, s: _Seg) -> Segment:
         if s.seg is None:
-            s.seg = await self.engine.segment(queue, s.meta)
+            s.seg = await self.rt.segment(queue, s.meta)
         return s.seg
 
     async def _help(self, queue: str, cfg: QueueConfig, segs: list[_Seg]) -> None:
@@ -222,9 +226,9 @@ class Compactor:
         for s in segs:
             stalled = s.stalled()
             for i in stalled:
-                await self.engine.help_stalled(queue, cfg, s.meta, i)
+                await self.finishers.help_stalled(self.rt.queue(queue), s.meta, i)
             if stalled:
-                s.obj = self.engine.lease_cell(queue, s.meta.id).cached() or s.obj
+                s.obj = self.rt.lease_cell(queue, s.meta.id).cached() or s.obj
 
     # -- retention -------------------------------------------------------------------
     async def _retention(self, queue: str, cfg: QueueConfig, segs: list[_Seg],
@@ -238,32 +242,17 @@ class Compactor:
             if oldest >= cutoff or s.finished() or s.obj.sealed:
                 continue
             seg = await self._segment(queue, s)
-            old = [i for i, st in s.states() if _idle(st, now)
+            old = [i for i, st in s.states() if tr.is_idle(st, now)
                    and (seg.items[i].born_ms or s.meta.created_ms) < cutoff]
             if not old:
                 continue
-
-            def expire(obj: LeaseObject, now_ms: int,
-                       old: list[int] = old) -> list[int] | Unchanged:
-                done = []
-                for i in old:
-                    st = obj.items.get(i)
-                    if not _idle(st, now_ms):
-                        continue  # leased or finished since the walk
-                    v = st.v if st else 0
-                    attempts = st.attempts if st else 0
-                    state = DEAD_PENDING if to_dead else DEAD
-                    obj.items[i] = ItemState(state, v + 1, attempts, now_ms, "retention expired")
-                    done.append(i)
-                return done if done else Unchanged([])
-
-            cell = self.engine.lease_cell(queue, s.meta.id)
-            expired: list[int] = await cell.update(expire)
+            cell = self.rt.lease_cell(queue, s.meta.id)
+            expired: list[int] = await cell.update(_expire(old, to_dead))
             s.obj = cell.cached() or s.obj
             report.items_expired += len(expired)
             if to_dead:
                 for i in expired:
-                    await self.engine.help_stalled(queue, cfg, s.meta, i)
+                    await self.finishers.help_stalled(self.rt.queue(queue), s.meta, i)
                 report.items_expired_to_dead += len(expired)
                 s.obj = cell.cached() or s.obj
 
@@ -304,15 +293,10 @@ class Compactor:
         if s.obj.sealed:
             return True
 
-        def seal(obj: LeaseObject, now: int) -> None:
-            if any(st.s in (LEASED, DEAD_PENDING, OUTPUTS_PENDING) for st in obj.items.values()):
-                raise _SealRefused("an item is in flight")
-            obj.sealed = True
-
-        cell = self.engine.lease_cell(queue, s.meta.id)
+        cell = self.rt.lease_cell(queue, s.meta.id)
         try:
-            await cell.update(seal)
-        except _SealRefused:
+            await cell.update(lambda obj, now: tr.seal(obj))
+        except tr.SealRefused:
             return False
         s.obj = cell.cached() or s.obj
         return s.obj.sealed
@@ -358,39 +342,22 @@ class Compactor:
         # max() keeps its first argument when the second is NaN.
         age = self.opts.safety_age
         if not (math.isfinite(age) and age >= 0):  # options changed after validation
-            age = self.engine.opts.publish_timeout
+            age = self.rt.opts.publish_timeout
         floor = self.clock.now_ms() - int(age * 1000)  # never above this clock's now
 
-        def commit(m: Manifest, now: int) -> set[str]:
-            present = {sm.id for sm in m.segments}
-            published: set[str] = set()
-            drop = set(finished) & present
-            for new, sources, _ in merged:
-                if not all(sid in present for sid in sources):
-                    continue  # another pass merged them first
-                if new.created_ms < m.gc_floor_ms:
-                    continue  # too late: a collector may already treat it as an orphan
-                drop.update(sources)
-                published.add(new.id)
-            out: list[SegmentMeta] = []
-            for sm in m.segments:
-                if sm.id not in drop:
-                    out.append(sm)
-            out.extend(new for new, _, _ in merged if new.id in published)
-            m.segments = out
-            m.gc_floor_ms = max(m.gc_floor_ms, floor)
-            return published
+        commit = CompactionCommit(frozenset(finished),
+                                  tuple((new, tuple(src)) for new, src, _ in merged), floor)
 
         if not finished and not merged:
-            floor_only = self.engine.manifest_cell(queue).cached()
+            floor_only = self.rt.manifest_cell(queue).cached()
             if floor_only is not None and floor_only.gc_floor_ms >= floor - 60_000:
                 return set()  # nothing to change; the floor is recent enough
-        published: set[str] = await self.engine.manifest_cell(queue).update(commit)
+        published: set[str] = await self.rt.manifest_cell(queue).update(commit.apply)
         return published
 
     # -- garbage collection ----------------------------------------------------------------
     async def _collect(self, queue: str, report: Report) -> None:
-        m = self.engine.manifest_cell(queue).cached()
+        m = self.rt.manifest_cell(queue).cached()
         if m is None:
             return
         live = {sm.id for sm in m.segments}
@@ -398,7 +365,7 @@ class Compactor:
         def orphan(sid: str) -> bool:
             return sid not in live and _id_ms(sid) < m.gc_floor_ms
 
-        await self._delete_old(f"{self.ns}/segments/{queue}/", orphan, report)
+        await self._delete_old(segments_prefix(self.ns, queue), orphan, report)
         await self._delete_leases(queue, orphan, report)
 
     async def _delete_leases(self, queue: str, orphan: Callable[[str], bool],
@@ -408,21 +375,21 @@ class Compactor:
         segment was dropped must still find it (sealed, or all finished) rather
         than nothing, which would read as 'never leased'."""
         segments = {info.key.rsplit("/", 1)[-1]
-                    async for info in list_all(self.store, f"{self.ns}/segments/{queue}/")}
+                    async for info in list_all(self.store, segments_prefix(self.ns, queue))}
         grace = max(self.opts.safety_age, self.opts.lease_grace)
-        await self._delete_old(f"{self.ns}/leases/{queue}/",
+        await self._delete_old(leases_prefix(self.ns, queue),
                                lambda sid: orphan(sid) and sid not in segments, report,
                                min_age=grace)
 
     async def collect_deleted_queues(self) -> Report:
         """Objects of queues whose manifest is gone, once older than the safety age."""
         report = Report()
-        queues = set(await self.engine.list_queues())
+        queues = set(await self.admin.list_queues())
         grace = max(self.opts.safety_age, self.opts.lease_grace)
-        for kind, min_age in (("segments", self.opts.safety_age), ("leases", grace)):
-            async for name in children(self.store, f"{self.ns}/{kind}/"):
+        for prefix, min_age in ((segments_prefix, self.opts.safety_age), (leases_prefix, grace)):
+            async for name in children(self.store, prefix(self.ns)):
                 if name not in queues:
-                    await self._delete_old(f"{self.ns}/{kind}/{name}/", lambda sid: True,
+                    await self._delete_old(prefix(self.ns, name), lambda sid: True,
                                            report, min_age=min_age)
         return report
 
@@ -440,10 +407,8 @@ class Compactor:
             report.bytes_reclaimed += info.size
 
 
-def _idle(st: ItemState | None, now: int) -> bool:
-    """Live and held by nobody: fresh, waiting, or leased with the lease over (an
-    expired lease that nobody re-leased is as good as waiting)."""
-    return st is None or st.s == WAITING or (st.s == LEASED and st.t <= now)
+def _expire(indexes: list[int], to_dead: bool) -> Callable[[LeaseObject, int], object]:
+    return lambda obj, now: tr.expire(obj, indexes, now, to_dead)
 
 
 def _id_ms(segment_id: str) -> int:

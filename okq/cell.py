@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from okq.batcher import Batcher
 from okq.clock import Clock
 from okq.errors import CASConflict, ObjectNotFound, OkqError, StorageError
 from okq.model import new_nonce
@@ -48,12 +49,6 @@ class Unchanged:
     nothing for it (after confirming on a fresh read), and answers ``value``."""
 
     value: Any = None
-
-
-@dataclass
-class _Pending:
-    fn: Change
-    fut: asyncio.Future[Any]
 
 
 class Cell(Generic[T]):
@@ -84,9 +79,8 @@ class Cell(Generic[T]):
         self.ambiguous = 0  # writes that failed ambiguously (they may have landed)
         self._view: T | None = None  # decoded self.data, for readers
         self._view_of: bytes | None = None
-        self._pending: list[_Pending] = []
         self._shared_read: asyncio.Future[None] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._batcher: Batcher[Change, Any] = Batcher(self._write, name=f"cell {key}")
 
     # -- reading -----------------------------------------------------------
     async def refresh(self) -> None:
@@ -134,28 +128,11 @@ class Cell(Generic[T]):
     # -- writing -----------------------------------------------------------
     async def update(self, fn: Change) -> Any:
         """Apply ``fn`` in the next group write; return its result once it landed."""
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(fn, fut))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"cell {self.key}")
-        return await fut
+        return await self._batcher.submit(fn)
 
-    async def _run(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                await self._write(batch)
-            except BaseException as exc:  # a crash or a cancel reaches every waiter
-                for p in batch:
-                    if not p.fut.done():
-                        p.fut.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    for p in self._pending:
-                        p.fut.set_exception(exc)
-                    self._pending = []
-                    return
-
-    async def _write(self, batch: list[_Pending]) -> None:
+    async def _write(self, batch: list[Change]) -> list[Any]:
+        """Apply the batch and write it in one conditional PUT; the results, an
+        exception for each change that refused itself."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.GIVE_UP_AFTER
         attempt = 0
@@ -179,22 +156,20 @@ class Cell(Generic[T]):
                     await self.refresh()
                     fresh, attempt = True, attempt - 1
                     continue
-                self._resolve(batch, results)
-                return
+                return _answers(results)
             if await self._put(obj):
-                self._resolve(batch, results)
-                return
+                return _answers(results)
         raise StorageError(
             f"gave up writing {self.key!r}: {attempt} attempts lost their races in "
             f"{self.GIVE_UP_AFTER:.0f} s"
         )
 
-    def _apply(self, obj: T, batch: list[_Pending]) -> list[Any]:
+    def _apply(self, obj: T, batch: list[Change]) -> list[Any]:
         now = self.clock.now_ms()
         results: list[Any] = []
-        for p in batch:
+        for fn in batch:
             try:
-                results.append(p.fn(obj, now))
+                results.append(fn(obj, now))
             except OkqError as exc:
                 results.append(exc)
         return results
@@ -234,16 +209,10 @@ class Cell(Generic[T]):
         self.forget()
         raise StorageError(f"cannot tell whether a write to {self.key!r} landed")
 
-    @staticmethod
-    def _resolve(batch: list[_Pending], results: list[Any]) -> None:
-        for p, r in zip(batch, results, strict=True):
-            if p.fut.done():
-                continue
-            if isinstance(r, BaseException):
-                p.fut.set_exception(r)
-            else:
-                p.fut.set_result(r.value if isinstance(r, Unchanged) else r)
-
     async def close(self) -> None:
-        if self._task is not None and not self._task.done():
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._batcher.close()
+
+
+def _answers(results: list[Any]) -> list[Any]:
+    """What each change's caller gets: its result, or the value of its Unchanged."""
+    return [r.value if isinstance(r, Unchanged) else r for r in results]

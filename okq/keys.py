@@ -47,6 +47,16 @@ def manifests_prefix(ns: str) -> str:
     return f"{ns}/manifests/"
 
 
+def segments_prefix(ns: str, queue: str | None = None) -> str:
+    """Where the segments of a queue live (of every queue, without one)."""
+    return f"{ns}/segments/" if queue is None else f"{ns}/segments/{queue}/"
+
+
+def leases_prefix(ns: str, queue: str | None = None) -> str:
+    """Where the lease objects of a queue live (of every queue, without one)."""
+    return f"{ns}/leases/" if queue is None else f"{ns}/leases/{queue}/"
+
+
 def manifest_key(ns: str, queue: str) -> str:
     return f"{ns}/manifests/{queue}"
 

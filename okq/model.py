@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from okq.errors import FormatError, OkqError
 from okq.keys import check_name
+from okq.limits import LEASE_TIMEOUT_MAX, LEASE_TIMEOUT_MIN
 
 FORMAT_VERSION = 1
 
@@ -37,7 +38,8 @@ class QueueConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    lease_timeout: float = Field(30.0, ge=0.1, le=43_200, description="seconds a lease lasts")
+    lease_timeout: float = Field(30.0, ge=LEASE_TIMEOUT_MIN, le=LEASE_TIMEOUT_MAX,
+                                 description="seconds a lease lasts")
     retention: float = Field(
         345_600, ge=1, le=1_209_600, description="seconds an item is kept (default 4 days)"
     )
@@ -141,6 +143,13 @@ DONE = "D"  # completed: a tombstone
 DEAD_PENDING = "X"  # being moved to the dead-letter queue; t = when that began
 DEAD = "Z"  # moved to the dead-letter queue (or dropped: no dead queue)
 OUTPUTS_PENDING = "P"  # completed; its outputs segment is being published; t = since
+
+#: States with a step still to take by whoever holds the item or walks past it.
+HALF_DONE = frozenset({DEAD_PENDING, OUTPUTS_PENDING})
+#: States that keep a segment busy: not sealed, merged or expired meanwhile.
+IN_FLIGHT = frozenset({LEASED, *HALF_DONE})
+#: Terminal states in a segment: tombstones the compactor folds away.
+FINISHED = frozenset({DONE, DEAD})
 
 
 @dataclass(slots=True)

@@ -19,21 +19,15 @@ key returns the first item's id instead of publishing again.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from okq.batcher import Batcher
 from okq.cell import Cell, Unchanged
 from okq.clock import MAX_CLOCK_SKEW_MS, Clock
-from okq.errors import (
-    CASConflict,
-    ObjectNotFound,
-    OkqError,
-    OutcomeUnknown,
-    Overloaded,
-    PublishAborted,
-    StorageError,
-)
+from okq.errors import CASConflict, ObjectNotFound, PublishAborted, StorageError
 from okq.keys import item_id, lease_key, new_segment_id, segment_key
+from okq.manifest_ops import KeysTaken, Publish, PublishWritten, live_key
 from okq.model import Manifest, Segment, SegmentItem, SegmentMeta, encode_segment
 from okq.store.base import Store
 
@@ -46,18 +40,8 @@ class NewItem:
     meta: dict[str, Any] | None = None
 
 
-@dataclass
-class _Request:
-    items: list[NewItem]
-    fut: asyncio.Future[list[str]]
-    size: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.size = sum(len(i.payload) for i in self.items)
-
-
-class _Redo(OkqError):
-    """Keys published elsewhere since the segment was cut: cut it again."""
+def _size(items: list[NewItem]) -> int:
+    return sum(len(i.payload) for i in items)
 
 
 class Publisher:
@@ -82,7 +66,6 @@ class Publisher:
         self.queue = queue
         self.manifest = manifest
         self.clock = clock
-        self.linger = linger
         self.publish_timeout_ms = publish_timeout_ms
         self.idem_window_ms = idem_window_ms
         # Keys are kept for the window plus twice the skew bound, so that the
@@ -91,54 +74,34 @@ class Publisher:
         self.max_idem_keys = max_idem_keys
         self.max_items = max_segment_items
         self.max_bytes = max_segment_bytes
-        self._pending: list[_Request] = []
-        self._task: asyncio.Task[None] | None = None
+        self._batcher: Batcher[list[NewItem], list[str]] = Batcher(
+            self._publish_calls, name=f"publish {queue}", linger=linger, take=self._take)
         self.segments_written = 0
 
     def pending_items(self) -> int:
-        return sum(len(r.items) for r in self._pending)
+        return sum(len(items) for items in self._batcher.waiting())
 
     async def produce(self, items: list[NewItem]) -> list[str]:
-        fut: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(items, fut))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"publish {self.queue}")
-        return await fut
+        """Publish ``items`` in the next group commit; their ids once it landed."""
+        return await self._batcher.submit(items)
 
-    async def _run(self) -> None:
-        while self._pending:
-            if self.linger:
-                await asyncio.sleep(self.linger)
-            batch = self._take()
-            try:
-                ids = await self._publish([i for r in batch for i in r.items])
-            except BaseException as exc:
-                for r in batch:
-                    if not r.fut.done():
-                        r.fut.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    for r in self._pending:
-                        r.fut.set_exception(exc)
-                    self._pending = []
-                    return
-                continue
-            pos = 0
-            for r in batch:
-                if not r.fut.done():
-                    r.fut.set_result(ids[pos : pos + len(r.items)])
-                pos += len(r.items)
+    async def _publish_calls(self, calls: list[list[NewItem]]) -> list[list[str] | BaseException]:
+        ids = await self._publish([i for items in calls for i in items])
+        out: list[list[str] | BaseException] = []
+        pos = 0
+        for items in calls:
+            out.append(ids[pos : pos + len(items)])
+            pos += len(items)
+        return out
 
-    def _take(self) -> list[_Request]:
-        batch: list[_Request] = []
-        items = size = 0
-        while self._pending:
-            r = self._pending[0]
-            if batch and (items + len(r.items) > self.max_items or size + r.size > self.max_bytes):
+    def _take(self, waiting: list[list[NewItem]]) -> int:
+        """How many waiting calls fit one segment (at least one)."""
+        n = items = size = 0
+        for call in waiting:
+            if n and (items + len(call) > self.max_items or size + _size(call) > self.max_bytes):
                 break
-            batch.append(self._pending.pop(0))
-            items += len(r.items)
-            size += r.size
-        return batch
+            n, items, size = n + 1, items + len(call), size + _size(call)
+        return n
 
     async def _publish(self, items: list[NewItem]) -> list[str]:
         for _ in range(5):
@@ -150,7 +113,7 @@ class Publisher:
             try:
                 if fresh:
                     await self._publish_segment(items, fresh, ids)
-            except _Redo:
+            except KeysTaken:
                 self.manifest.forget()
                 continue
             for dup, first in twins.items():
@@ -179,7 +142,6 @@ class Publisher:
     ) -> None:
         """Write one segment of the ``fresh`` items and publish it; fills in ``ids``."""
         meta = await self.write_segment([items[i] for i in fresh])
-        publish_by = meta.created_ms + self.publish_timeout_ms
         for n, i in enumerate(fresh):
             ids[i] = item_id(meta.id, n)
         keys: dict[str, str] = {}
@@ -187,52 +149,19 @@ class Publisher:
             k, iid = items[i].key, ids[i]
             if k is not None and iid is not None:
                 keys[k] = iid
-
+        op = Publish(meta, meta.created_ms + self.publish_timeout_ms, keys, self.idem_keep_ms,
+                     self.max_idem_keys)
         ambiguous = self.manifest.ambiguous
         tried = False  # whether a write carrying this publish was attempted
 
-        def publish(m: Manifest, now_ms: int) -> Unchanged | None:
+        def publish(m: Manifest, now: int) -> Unchanged | None:
             nonlocal tried
-            if meta.id in m.purged or any(s.id == meta.id for s in m.segments):
-                # An earlier, ambiguous write of this very change landed (whoever
-                # wrote since): published once. A compactor never folds or merges
-                # a segment before its publish deadline has passed on every clock
-                # (docs/DESIGN.md, "Ambiguous writes"), so within the deadline
-                # "not listed" means "not published".
-                return Unchanged()
-            if now_ms > publish_by:
-                if tried and self.manifest.ambiguous != ambiguous:
-                    raise OutcomeUnknown(
-                        "the store failed while publishing and the publish deadline "
-                        "passed before okq could confirm it: the items may or may not "
-                        "be in the queue (produce with idempotency keys to retry safely)"
-                    )
-                raise PublishAborted("the produce missed its publish deadline; retry it")
-            if meta.created_ms < m.gc_floor_ms:
-                raise PublishAborted("the segment fell behind the GC floor; retry the produce")
-            if any(_live_key(m, k, now_ms) for k in keys):
-                raise _Redo("idempotency keys were published meanwhile")
-            _prune_idem(m, now_ms)
-            self._check_room(m, len(keys))
-            expires = now_ms + self.idem_keep_ms
-            for k, iid in keys.items():
-                m.idem[k] = [iid, expires]
-            m.segments.append(meta)
-            m.produced += meta.count
-            tried = True
-            return None
+            result = op.apply(m, now, may_have_landed=tried and
+                              self.manifest.ambiguous != ambiguous)
+            tried = tried or result is None
+            return result
 
         await self.manifest.update(publish)
-
-    def _check_room(self, m: Manifest, adding: int) -> None:
-        """Refuse keyed produces that would grow the idempotency map past its
-        bound: it rides in the manifest, rewritten by every publish."""
-        if adding and len(m.idem) + adding > self.max_idem_keys:
-            raise Overloaded(
-                f"queue {self.queue!r} holds {len(m.idem)} idempotency keys, its limit is "
-                f"{self.max_idem_keys}; keyed produces wait until older keys expire",
-                retry_after=5.0,
-            )
 
     async def publish_written(self, meta: SegmentMeta) -> None:
         """Publish a segment written earlier whose publication is already decided
@@ -240,7 +169,6 @@ class Publisher:
         published once if it is listed, recorded by its marker, or has a lease
         object (its items were leased or sealed, so it was published and a
         compactor has since folded or merged it away)."""
-        marker = f"seg:{meta.id}"
         if self.clock.now_ms() - meta.created_ms > self.publish_timeout_ms:
             # Late: the marker may have expired and a compactor may have folded
             # or merged the segment away (it never does so sooner than this).
@@ -250,20 +178,7 @@ class Publisher:
                 pass
             else:
                 return  # published earlier, and compacted away since
-
-        def publish(m: Manifest, now_ms: int) -> Unchanged | None:
-            if (_live_key(m, marker, now_ms) or meta.id in m.purged
-                    or any(s.id == meta.id for s in m.segments)):
-                return Unchanged()
-            if meta.created_ms < m.gc_floor_ms:
-                raise PublishAborted(f"outputs segment {meta.id} fell behind the GC floor")
-            _prune_idem(m, now_ms)
-            m.idem[marker] = [meta.id, now_ms + self.idem_keep_ms]
-            m.segments.append(meta)
-            m.produced += meta.count
-            return None
-
-        await self.manifest.update(publish)
+        await self.manifest.update(PublishWritten(meta, self.idem_keep_ms).apply)
 
     async def _write_segment(self, key: str, data: bytes) -> None:
         """Create-only write; an ambiguous failure is resolved by writing again."""
@@ -281,26 +196,7 @@ class Publisher:
                 await asyncio.sleep(0.05 * 2**attempt)
 
     async def close(self) -> None:
-        if self._task is not None and not self._task.done():
-            await asyncio.gather(self._task, return_exceptions=True)
-
-
-def _live_key(m: Manifest, key: str, now_ms: int) -> bool:
-    entry = m.idem.get(key)
-    return entry is not None and entry[1] > now_ms
-
-
-def _prune_idem(m: Manifest, now_ms: int) -> None:
-    """Drop expired keys from the front of the map (keys are appended in roughly
-    expiry order), so a publish costs O(expired), not O(map). A key left behind
-    an unexpired one is dropped later; expired keys never count as live."""
-    expired = []
-    for k, v in m.idem.items():
-        if v[1] > now_ms:
-            break
-        expired.append(k)
-    for k in expired:
-        del m.idem[k]
+        await self._batcher.close()
 
 
 def _dedupe(
@@ -312,7 +208,7 @@ def _dedupe(
     first: dict[str, int] = {}
     twins: dict[int, int] = {}
     for i, item in enumerate(items):
-        if item.key is not None and m is not None and _live_key(m, item.key, now_ms):
+        if item.key is not None and m is not None and live_key(m, item.key, now_ms):
             ids[i] = m.idem[item.key][0]
         elif item.key is not None and item.key in first:
             twins[i] = first[item.key]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import secrets
 from dataclasses import dataclass
 
 import msgpack
@@ -100,3 +101,8 @@ class TokenSigner:
                 and isinstance(v, int)):
             raise InvalidToken(f"{field} is malformed", field=field)
         return Delivery(ns, queue, segment, index, v)
+
+
+def generate_key() -> bytes:
+    """A fresh random signing key."""
+    return secrets.token_bytes(32)

@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from okq.cell import Unchanged
-from okq.errors import LeaseLost
+from okq.errors import LeaseLost, OkqError
 from okq.model import (
     DEAD,
     DEAD_PENDING,
     DONE,
+    FINISHED,
+    IN_FLIGHT,
     LEASED,
     OUTPUTS_PENDING,
     WAITING,
@@ -234,4 +236,39 @@ def finish_dead(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
 
 
 def is_finished(st: ItemState | None) -> bool:
-    return st is not None and st.s in (DONE, DEAD)
+    return st is not None and st.s in FINISHED
+
+
+def is_idle(st: ItemState | None, now: int) -> bool:
+    """Live and held by nobody: fresh, waiting, or leased with the lease over (an
+    expired lease that nobody re-leased is as good as waiting)."""
+    return st is None or st.s == WAITING or (st.s == LEASED and st.t <= now)
+
+
+def expire(obj: LeaseObject, indexes: list[int], now: int, to_dead: bool) -> list[int] | Unchanged:
+    """Retention: each idle item of ``indexes`` -> Z (dropped) or, ``to_dead``, -> X
+    (to be moved to the dead-letter queue). Returns the indexes expired; items
+    leased or finished since they were chosen are left alone."""
+    done = []
+    for i in indexes:
+        st = obj.items.get(i)
+        if not is_idle(st, now):
+            continue
+        v, attempts = (st.v, st.attempts) if st else (0, 0)
+        state = DEAD_PENDING if to_dead else DEAD
+        obj.items[i] = ItemState(state, v + 1, attempts, now, "retention expired")
+        done.append(i)
+    return done if done else Unchanged([])
+
+
+class SealRefused(OkqError):
+    """A segment holds an item in flight: it cannot be sealed now."""
+
+
+def seal(obj: LeaseObject) -> None:
+    """Mark a segment to be merged elsewhere: refused while an item is in flight, so
+    sealing is serialised with every lease (no token can then name a current
+    delivery in it, and nothing in it is leased again)."""
+    if any(st.s in IN_FLIGHT for st in obj.items.values()):
+        raise SealRefused("an item is in flight")
+    obj.sealed = True

@@ -82,7 +82,7 @@ async def test_create_refuses_a_loop_through_a_dangling_dead_queue(
     that raced an update): creating ``a`` with ``b`` as dead queue closes a loop."""
     await engine.create_queue("a")
     await engine.create_queue("b", dead_to("a"))
-    await engine.store.delete(engine.manifest_cell("a").key)  # as a racing delete would
+    await engine.store.delete(engine.runtime.manifest_cell("a").key)  # as a racing delete would
     fresh = make_engine(store, clock)
     with pytest.raises(InvalidRequest) as err:
         await fresh.create_queue("a", dead_to("b"))
@@ -96,7 +96,7 @@ async def force_config(engine: Engine, queue: str, dead_queue: str) -> None:
     def change(m: Manifest, now: int) -> None:
         m.config = m.config.model_copy(update={"dead_queue": dead_queue})
 
-    await engine.manifest_cell(queue).update(change)
+    await engine.runtime.manifest_cell(queue).update(change)
 
 
 async def test_stats_never_recurse_through_a_loop(engine: Engine) -> None:

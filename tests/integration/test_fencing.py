@@ -176,7 +176,7 @@ async def test_writer_behind_the_gc_floor_does_not_publish(store: Store) -> None
     async def collector_raises_floor() -> None:
         await asyncio.sleep(0.1)
         clock.advance(1)
-        cell = collector._q("q").manifest
+        cell = collector.runtime.manifest_cell("q")
 
         def raise_floor(m: object, now: int) -> None:
             m.gc_floor_ms = now - 500  # type: ignore[attr-defined]

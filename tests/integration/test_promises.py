@@ -178,7 +178,7 @@ async def test_lease_skips_sealed_segments(store: Store) -> None:
     def seal(obj: object, now: int) -> None:  # as a compactor does before it merges
         obj.sealed = True  # type: ignore[attr-defined]
 
-    await make_engine(store, clock).lease_cell("q", sealed).update(seal)
+    await make_engine(store, clock).runtime.lease_cell("q", sealed).update(seal)
     fresh = make_engine(store, clock)
     got = [i.payload for i in await fresh.lease("q", 1)]
     assert got == [b"ready-1"]

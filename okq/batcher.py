@@ -1,0 +1,81 @@
+"""Group commit: what is submitted while a batch is in flight goes in the next one.
+
+One :class:`Batcher` serves every writer that gathers work into one store write:
+the cells (many changes, one conditional PUT) and the publisher (many produce
+calls, one segment and one manifest CAS). ``process`` handles a batch and
+returns one result per submission, an exception standing for a failure of that
+submission alone; an exception it raises fails the whole batch. A crash or a
+cancellation (a BaseException that is not an Exception) reaches every waiter,
+queued ones included, and stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Batcher(Generic[T, R]):
+    def __init__(
+        self,
+        process: Callable[[list[T]], Awaitable[list[R | BaseException]]],
+        *,
+        name: str,
+        linger: float = 0.0,
+        take: Callable[[list[T]], int] | None = None,
+    ) -> None:
+        """``linger``: seconds to wait for more before each batch; ``take``: how many
+        of the waiting submissions the next batch takes (at least one; all by default)."""
+        self.process = process
+        self.name = name
+        self.linger = linger
+        self.take = take
+        self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def waiting(self) -> list[T]:
+        """The submissions not yet taken into a batch."""
+        return [item for item, _ in self._pending]
+
+    async def submit(self, item: T) -> R:
+        """Add ``item`` to the next batch; its result once the batch was processed."""
+        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, fut))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=self.name)
+        return await fut
+
+    async def _run(self) -> None:
+        while self._pending:
+            if self.linger:
+                await asyncio.sleep(self.linger)
+            n = max(1, self.take(self.waiting())) if self.take else len(self._pending)
+            batch, self._pending = self._pending[:n], self._pending[n:]
+            try:
+                results = await self.process([item for item, _ in batch])
+            except BaseException as exc:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                if not isinstance(exc, Exception):  # a crash or a cancel: stop here
+                    for _, fut in self._pending:
+                        fut.set_exception(exc)
+                    self._pending = []
+                    return
+                continue
+            for (_, fut), result in zip(batch, results, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+
+    async def close(self) -> None:
+        """Wait for the batch in flight and those queued behind it."""
+        if self._task is not None and not self._task.done():
+            await asyncio.gather(self._task, return_exceptions=True)

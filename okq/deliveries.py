@@ -1,0 +1,179 @@
+"""Operations on deliveries, named by their signed lease tokens.
+
+Each is one cell change on the item's lease object (okq/transitions.py); a
+retry that moves the item to the dead-letter path hands it to the finishers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from okq import transitions as tr
+from okq.errors import (
+    InvalidRequest,
+    InvalidToken,
+    LeaseLost,
+    OkqError,
+)
+from okq.keys import (
+    item_id,
+)
+from okq.limits import check_lease_timeout, check_time_ms
+from okq.model import (
+    LeaseObject,
+    new_request_id,
+)
+from okq.publisher import NewItem
+from okq.tokens import Delivery, TokenSigner
+
+if TYPE_CHECKING:
+    from okq.finishers import Finishers
+    from okq.runtime import QueueRuntime, Runtime
+
+
+class Deliveries:
+    """What a holder of a lease token may do: renew, complete, retry, and complete
+    with outputs. Every token is verified (signature, namespace, queue) first."""
+
+    def __init__(self, rt: Runtime, finishers: Finishers, signer: TokenSigner) -> None:
+        self.rt = rt
+        self.finishers = finishers
+        self.signer = signer
+
+    async def complete_and_produce(
+        self, token: str, out_queue: str, items: Sequence[NewItem | bytes], *,
+        queue: str | None = None,
+    ) -> list[str]:
+        """Complete one delivery and produce ``items`` to ``out_queue`` in one step:
+        the outputs become visible if and only if the completion commits.
+
+        The outputs are written first as an unpublished segment; the completion
+        CAS records it in the item's tombstone (state P); then it is published and
+        the item becomes D. A crash after the completion is finished by any node
+        or compactor that walks past the P item. Returns the outputs' ids; a
+        retried call returns the ids of the first one's outputs.
+        """
+        d, q = self.delivery(token, queue=queue)
+        batch = self.rt.new_items(items, "outputs.items")
+        outq = self.rt.queue(out_queue, "outputs.queue_name")
+        await self.rt.manifest(outq, 60)
+        sm = await outq.publisher.write_segment(batch)
+        out = [out_queue, sm.id, sm.count, sm.created_ms, sm.size]
+        cell = self.rt.lease_cell(q, d.segment)
+        recorded: list[Any] | None = await cell.update(
+            lambda o, now: tr.complete(o, d.index, d.v, now, out)
+        )
+        if recorded is None:
+            return []  # completed earlier without outputs
+        sm = await self.rt.segment_meta(q, d.segment)
+        await self.finishers.finish_outputs(q, sm, d.index, d.v, recorded)
+        return [item_id(recorded[1], n) for n in range(recorded[2])]
+
+    def delivery(
+        self, token: str, field_name: str = "token", queue: str | None = None
+    ) -> tuple[Delivery, QueueRuntime]:
+        if not isinstance(token, str):
+            raise InvalidRequest(f"{field_name} must be a string", field=field_name)
+        d = self.signer.verify(token, self.rt.ns, field_name)
+        if queue is not None and d.queue != queue:
+            raise InvalidToken(
+                f"{field_name} belongs to queue {d.queue!r}, not {queue!r}", field=field_name
+            )
+        return d, self.rt.queue(d.queue)
+
+    def check_tokens(self, tokens: Sequence[str], queue: str, field_pattern: str) -> None:
+        """Verify every token before acting on any (``field_pattern`` has ``{n}``)."""
+        for n, token in enumerate(tokens):
+            self.delivery(token, field_pattern.format(n=n), queue)
+
+    async def renew(
+        self, token: str, lease_timeout: float | None = None, *, queue: str | None = None
+    ) -> int:
+        """Extend a lease from now; returns the new deadline (ms)."""
+        d, q = self.delivery(token, queue=queue)
+        check_lease_timeout(lease_timeout)
+        lease_ms = (
+            int(lease_timeout * 1000)
+            if lease_timeout
+            else (await self.rt.manifest(q, self.rt.opts.config_max_age)).config.lease_ms
+        )
+        cell = self.rt.lease_cell(q, d.segment)
+        deadline: int = await cell.update(
+            lambda o, now: tr.renew(o, d.index, d.v, now, lease_ms)
+        )
+        return deadline
+
+    async def complete(self, tokens: Sequence[str], *, queue: str | None = None) -> None:
+        """Complete deliveries. Each token is applied on its own; if any lease was
+        lost, LeaseLost is raised after the others landed, naming the failures."""
+        self.rt.check_batch(len(tokens), "tokens")
+        parsed = [self.delivery(t, f"tokens[{n}]", queue) for n, t in enumerate(tokens)]
+        calls = [self.rt.lease_cell(q, d.segment).update(_completion(d)) for d, q in parsed]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        failed: list[dict[str, Any]] = []
+        for n, ((d, q), r) in enumerate(zip(parsed, results, strict=True)):
+            if isinstance(r, LeaseLost):
+                reason = r.message
+                if r.details.get("state") == "never leased" and await self.rt.gone(q, d.segment):
+                    reason = ("the item is no longer in the queue: its segment was compacted "
+                              "away (completed or dropped earlier) or purged")
+                failed.append({"index": n, "id": item_id(d.segment, d.index), "reason": reason})
+            elif isinstance(r, BaseException):
+                raise r
+        if failed:
+            raise LeaseLost(
+                f"{len(failed)} of {len(tokens)} completions refused: the lease was lost",
+                failed=failed,
+            )
+
+    async def retry(
+        self,
+        token: str,
+        *,
+        retry_at_ms: int | None = None,
+        dead: bool = False,
+        error: str | None = None,
+        queue: str | None = None,
+        field_name: str = "token",
+        count_attempt: bool = True,
+    ) -> None:
+        """Release a delivery: ready again at ``retry_at`` (now by default), at the
+        back of the line; or dead-lettered when ``dead`` or out of attempts."""
+        d, q = self.delivery(token, field_name, queue)
+        check_time_ms(retry_at_ms, "retry_at")
+        err = error[:4096] if error else None
+        cell = self.rt.lease_cell(q, d.segment)
+        rq = new_request_id()
+        reads = q.manifest.reads
+        cfg = (await self.rt.manifest(q, self.rt.opts.config_max_age)).config
+        fresh = q.manifest.reads != reads
+
+        def release(o: LeaseObject, now: int) -> object:
+            st = o.items.get(d.index)
+            if not fresh and not dead and cfg.max_attempts and st is not None and st.rq != rq:
+                attempts = tr.retry_attempts(tr.current(o, d.index, d.v), count_attempt)
+                if attempts >= cfg.max_attempts:
+                    raise _StaleConfig("out of attempts by a cached config")
+            return tr.retry(o, d.index, d.v, now, retry_at_ms, dead, err, cfg.max_attempts,
+                            count_attempt, rq)
+
+        try:
+            to_dead: bool = await cell.update(release)
+        except _StaleConfig:
+            # Dropping or dead-lettering the item is decided on settings read now.
+            cfg, fresh = (await self.rt.manifest(q, 0)).config, True
+            to_dead = await cell.update(release)
+        if to_dead:
+            await self.finishers.help_dead(q, await self.rt.segment_meta(q, d.segment), d.index)
+        q.wake.set()
+
+
+def _completion(d: Delivery) -> Callable[[LeaseObject, int], object]:
+    return lambda obj, now: tr.complete(obj, d.index, d.v)
+
+
+class _StaleConfig(OkqError):
+    """A change that would drop or dead-letter an item by a cached config: the
+    caller reads the config afresh and applies the change again."""

@@ -1,0 +1,136 @@
+"""The finishers: dead-letter moves and the outputs of completions.
+
+An item out of attempts (or retried ``dead``) is ``X`` until it is produced to
+its queue's dead-letter queue and marked ``Z``; a completion with outputs is
+``P`` until its outputs segment is published and it is marked ``D``. Whoever
+made the first step finishes it; a crash leaves it to any node's lease walk or
+compactor pass that comes by (docs/DESIGN.md, "Dead-lettering").
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from okq import transitions as tr
+from okq.errors import (
+    ObjectNotFound,
+    OkqError,
+    PublishAborted,
+    QueueNotFound,
+)
+from okq.keys import (
+    item_id,
+)
+from okq.model import (
+    DEAD_PENDING,
+    OUTPUTS_PENDING,
+    ItemState,
+    SegmentMeta,
+)
+from okq.publisher import NewItem
+
+if TYPE_CHECKING:
+    from okq.runtime import QueueRuntime, Runtime
+
+
+log = logging.getLogger("okq.engine")
+
+
+#: After a failed help (e.g. a dead queue gone), none for this long.
+HELP_BACKOFF_MS = 60_000
+
+
+class Finishers:
+    """Finish what is half done on an item: a dead-letter move (X -> Z) or a
+    completion's outputs (P -> D); node walks and compactor passes call them."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def help_noted(self, q: QueueRuntime) -> None:
+        """Help the half-done items a lease walk noted, outside the queue's lock:
+        a dead-letter move produces into another queue and must not hold up
+        other lease calls on this one."""
+        while q.stalled:
+            (_, idx), sm = q.stalled.popitem()
+            await self.help_stalled(q, sm, idx)
+
+    async def help_dead(self, q: QueueRuntime, sm: SegmentMeta, idx: int) -> None:
+        """Finish moving a DEAD_PENDING item: produce it to the dead-letter queue
+        (idempotently, keyed by its delivery), then mark it DEAD. Where it goes
+        (or whether it is dropped: no dead queue) follows the queue's settings
+        read now, never a cached copy."""
+        cell = self.rt.lease_cell(q, sm.id)
+        obj = cell.cached()
+        st = obj.items.get(idx) if obj else None
+        if st is None or st.s != DEAD_PENDING:
+            return
+        dead_queue = (await self.rt.manifest(q, 0)).config.dead_queue
+        iid = item_id(sm.id, idx)
+        if dead_queue:
+            try:
+                await self._dead_letter(q, sm, idx, st, dead_queue)
+            except OkqError as exc:
+                log.error("cannot dead-letter %s of %s into %s: %s; trying again later",
+                          iid, q.name, dead_queue, exc)
+                q.help_after[(sm.id, idx)] = self.rt.clock.now_ms() + HELP_BACKOFF_MS
+                return
+        v = st.v
+        await cell.update(lambda o, now: tr.finish_dead(o, idx, v))
+        q.help_after.pop((sm.id, idx), None)
+
+    async def _dead_letter(self, q: QueueRuntime, sm: SegmentMeta, idx: int, st: ItemState,
+                           dead_queue: str) -> None:
+        seg = await self.rt.segment(q, sm)
+        iid = item_id(sm.id, idx)
+        meta = {"source_queue": q.name, "source_id": iid, "attempts": st.attempts,
+                "error": st.err}
+        key = f"dlq:{self.rt.ns}:{q.name}:{iid}:{st.v}"
+        await self.rt.produce(dead_queue, [NewItem(seg.items[idx].payload, None, key, meta)])
+
+    async def help_stalled(self, q: QueueRuntime, sm: SegmentMeta, idx: int) -> None:
+        """Finish what a crashed node left half done on an item."""
+        obj = self.rt.lease_cell(q, sm.id).cached()
+        st = obj.items.get(idx) if obj else None
+        if st is not None and st.s == DEAD_PENDING:
+            await self.help_dead(q, sm, idx)
+        elif st is not None and st.s == OUTPUTS_PENDING and st.out is not None:
+            try:
+                await self.finish_outputs(q, sm, idx, st.v, st.out)
+            except OkqError as exc:
+                log.error("outputs of %s of %s: %s", item_id(sm.id, idx), q.name, exc)
+
+    async def finish_outputs(self, q: QueueRuntime, sm: SegmentMeta, idx: int, v: int,
+                              out: list[Any]) -> None:
+        """Publish a completion's outputs segment, then mark the item DONE.
+
+        Outputs that can never be published (their queue was deleted, or their
+        segment fell behind its GC floor) abandon the completion: the item is
+        dead-lettered with the reason, and the error is raised. A transient store
+        failure leaves the item P, to be finished by a retry or a helper.
+        """
+        outq = self.rt.queue(out[0])
+        try:
+            await outq.publisher.publish_written(SegmentMeta(*out[1:]))
+        except (QueueNotFound, ObjectNotFound, PublishAborted) as exc:
+            reason = f"outputs could not be published to queue {out[0]!r}: {exc.message}"
+            # A dead letter on its way back to its source queue waits in the dead
+            # queue again; any other item is dead-lettered with the reason.
+            meta = (await self.rt.segment(q, sm)).items[idx].meta or {}
+            back = meta.get("source_queue") == out[0]
+            cell = self.rt.lease_cell(q, sm.id)
+            moved = await cell.update(
+                lambda o, now: tr.abandon_outputs(o, idx, v, now, reason, back=back))
+            if moved and not back:
+                await self.help_dead(q, sm, idx)
+            if isinstance(exc, PublishAborted):
+                raise PublishAborted(f"the completion did not take: {reason}; the item was "
+                                     "dead-lettered") from exc
+            raise QueueNotFound(f"the completion did not take: {reason}; the item was "
+                                "dead-lettered", queue=out[0], field="outputs.queue_name"
+                                ) from exc
+        outq.wake.set()
+        await self.rt.lease_cell(q, sm.id).update(
+            lambda o, now: tr.finish_outputs(o, idx, v)
+        )

@@ -1,0 +1,39 @@
+"""The ranges okq accepts, defined once for every front end and the engine.
+
+Times are seconds unless a name says ``_MS``.
+"""
+
+from __future__ import annotations
+
+from okq.errors import InvalidRequest
+
+#: A lease lasts 0.1 s to 12 h (a queue's default, or a lease's or renewal's own).
+LEASE_TIMEOUT_MIN = 0.1
+LEASE_TIMEOUT_MAX = 43_200.0
+#: A queue keeps an item 1 s to 14 days.
+RETENTION_MIN = 1
+RETENTION_MAX = 1_209_600
+#: Deliveries before dead-lettering: 0 (unlimited) to 10,000.
+MAX_ATTEMPTS_MIN = 0
+MAX_ATTEMPTS_MAX = 10_000
+#: The longest long poll a node may allow (its --max-wait, and a lease's request_timeout).
+REQUEST_TIMEOUT_MAX = 3600
+#: The largest batch a node may allow (its --max-batch).
+MAX_BATCH_MAX = 10_000
+#: The latest time okq accepts for ``enqueue_at`` or ``retry_at``: 9000-01-01,
+#: far enough, and every time renders.
+MAX_TIME_MS = 221_845_392_000_000
+
+
+def check_lease_timeout(value: float | None, field: str = "lease_timeout") -> None:
+    """Refuse a lease timeout out of range (None: the queue's default)."""
+    if value is not None and not LEASE_TIMEOUT_MIN <= value <= LEASE_TIMEOUT_MAX:
+        raise InvalidRequest(
+            f"{field} must be {LEASE_TIMEOUT_MIN:g} to {LEASE_TIMEOUT_MAX:g} seconds", field=field
+        )
+
+
+def check_time_ms(value: int | None, field: str) -> None:
+    """Refuse an absolute time (ms since the epoch) out of range (None: unset)."""
+    if value is not None and not 0 <= value <= MAX_TIME_MS:
+        raise InvalidRequest(f"{field} is out of range", field=field)

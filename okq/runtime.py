@@ -1,0 +1,281 @@
+"""The runtime below the engine's parts: per-queue cells, publishers and caches.
+
+A :class:`Runtime` holds what one process knows of the queues of one namespace:
+for each queue a :class:`QueueRuntime` (its manifest cell, its publisher, the
+cells of its lease objects, the lease walk's lock and summaries), and the
+segment cache. Every part of the engine (the lease scheduler, the finishers,
+the deliveries, the views, the admin) and the compactor work through it, so a
+process never races itself on an object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from okq.cell import Cell
+from okq.clock import MAX_CLOCK_SKEW_MS, Clock
+from okq.errors import (
+    InvalidRequest,
+    LeaseLost,
+    ObjectNotFound,
+    QueueNotFound,
+    TooLarge,
+)
+from okq.keys import (
+    check_name,
+    lease_key,
+    manifest_key,
+    segment_key,
+)
+from okq.limits import check_time_ms
+from okq.model import (
+    LeaseObject,
+    Manifest,
+    Segment,
+    SegmentMeta,
+    decode_lease,
+    decode_manifest,
+    decode_segment,
+    encode_lease,
+    encode_manifest,
+)
+from okq.publisher import NewItem, Publisher
+from okq.store.base import Store
+
+log = logging.getLogger("okq.engine")
+
+
+@dataclass
+class EngineOptions:
+    """Tunables. Times in seconds, sizes in bytes."""
+
+    linger: float = 0.005  # produce group-commit window
+    publish_timeout: float = 60.0  # a segment must be published within this
+    idem_window: float = 300.0  # how long producer idempotency keys are kept
+    max_segment_items: int = 10_000
+    max_segment_bytes: int = 16 << 20
+    max_item_bytes: int = 1 << 20
+    max_batch: int = 1000
+    max_wait: float = 900.0  # longest long poll
+    manifest_max_age: float = 0.2  # lease path: manifest staleness allowed
+    config_max_age: float = 30.0  # renew/retry: queue config staleness allowed
+    lease_state_max_age: float = 1.0  # re-read lease objects with leases this often
+    poll_interval: float = 0.25  # long poll: how often to look at the store
+    dead_grace: float = 10.0  # help a stalled dead-letter move after this
+    contention_backoff: float = 1.0  # avoid a segment this long after losing a race
+    segment_cache_bytes: int = 64 << 20
+    max_idem_keys: int = 10_000  # live idempotency keys per queue (they ride in the manifest)
+    # The fleet's clock-skew bound: every clock within this of the true time.
+    max_clock_skew: float = MAX_CLOCK_SKEW_MS / 1000
+    # Lease objects holding leases re-read per lease call at most: long-running
+    # jobs in many segments must not make every lease cost a GET per segment.
+    lease_state_reads: int = 4
+
+
+class QueueRuntime:
+    """One queue's state in this process: its manifest cell and publisher, its
+    lease cells, the lease walk's lock, wake-up event and summaries."""
+
+    def __init__(self, name: str, manifest: Cell[Manifest], publisher: Publisher) -> None:
+        self.name = name
+        self.manifest = manifest
+        self.publisher = publisher
+        self.lock = asyncio.Lock()
+        self.wake = asyncio.Event()
+        self.leases: dict[str, Cell[LeaseObject]] = {}
+        self.summaries: dict[str, tuple[bytes | None, Any]] = {}
+        self.seen_ver = -1
+        # Half-done items (dead-letter moves, outputs) found by a lease walk, helped
+        # once the walk has let go of the queue's lock.
+        self.stalled: dict[tuple[str, int], SegmentMeta] = {}
+        # No help for an item before this time (after a help failed): (segment, index) -> ms
+        self.help_after: dict[tuple[str, int], int] = {}
+
+
+class SegmentCache:
+    """Decoded segments (immutable) by id, least recently used dropped past a size."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._segments: OrderedDict[str, Segment] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._bytes = 0
+
+    def get(self, sid: str) -> Segment | None:
+        seg = self._segments.get(sid)
+        if seg is not None:
+            self._segments.move_to_end(sid)
+        return seg
+
+    def put(self, seg: Segment, size: int) -> None:
+        self._segments[seg.id] = seg
+        self._bytes += size - self._sizes.get(seg.id, 0)
+        self._sizes[seg.id] = size
+        while self._bytes > self.max_bytes and len(self._segments) > 1:
+            old, _ = self._segments.popitem(last=False)
+            self._bytes -= self._sizes.pop(old)
+
+    def drop(self, sid: str) -> None:
+        if self._segments.pop(sid, None) is not None:
+            self._bytes -= self._sizes.pop(sid)
+
+
+class Runtime:
+    """The queues of one namespace of one store, as this process holds them: the
+    cells that write their objects, the publishers, the segment cache. The
+    engine's parts and the compactor work through it."""
+
+    def __init__(self, store: Store, namespace: str, clock: Clock,
+                 options: EngineOptions) -> None:
+        self.store = store
+        self.ns = check_name(namespace, "namespace")
+        self.clock = clock
+        self.opts = options
+        self.queues: dict[str, QueueRuntime] = {}
+        self.segments = SegmentCache(options.segment_cache_bytes)
+        self.stopping = False
+        self.cas_conflicts = 0  # lost CAS races, for metrics
+
+    def queue(self, name: str, field_name: str = "queue") -> QueueRuntime:
+        """The queue's runtime, made on first use (the name is checked)."""
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        check_name(name, field_name)
+        cell: Cell[Manifest] = Cell(
+            self.store, manifest_key(self.ns, name), self.clock, encode_manifest, decode_manifest,
+            on_conflict=self._conflict,
+        )
+        o = self.opts
+        pub = Publisher(
+            self.store, self.ns, name, cell, self.clock,
+            linger=o.linger,
+            publish_timeout_ms=int(o.publish_timeout * 1000),
+            idem_window_ms=int(o.idem_window * 1000),
+            max_segment_items=o.max_segment_items,
+            max_segment_bytes=o.max_segment_bytes,
+            max_idem_keys=o.max_idem_keys,
+            max_clock_skew_ms=int(o.max_clock_skew * 1000),
+        )
+        q = self.queues[name] = QueueRuntime(name, cell, pub)
+        return q
+
+    def _conflict(self) -> None:
+        self.cas_conflicts += 1
+
+    def manifest_cell(self, queue: str) -> Cell[Manifest]:
+        return self.queue(queue).manifest
+
+    def lease_cell(self, q: QueueRuntime | str, segment: str) -> Cell[LeaseObject]:
+        """The cell of a segment's lease object (a missing one reads as all fresh)."""
+        q = self.queue(q) if isinstance(q, str) else q
+        cell = q.leases.get(segment)
+        if cell is None:
+            cell = q.leases[segment] = Cell(
+                self.store,
+                lease_key(self.ns, q.name, segment),
+                self.clock,
+                encode_lease,
+                decode_lease,
+                initial=lambda: LeaseObject(segment),
+                on_conflict=self._conflict,
+            )
+        return cell
+
+    async def manifest(self, q: QueueRuntime, max_age: float) -> Manifest:
+        """The queue's manifest, no older than ``max_age`` seconds; QueueNotFound."""
+        m = await q.manifest.read(int(max_age * 1000))
+        if m is None:
+            if not q.publisher.pending_items() and self.queues.get(q.name) is q:
+                del self.queues[q.name]  # do not keep runtimes of unknown queues
+            raise QueueNotFound(f"queue {q.name!r} does not exist", queue=q.name)
+        return m
+
+    async def segment(self, q: QueueRuntime | str, sm: SegmentMeta) -> Segment:
+        """A listed segment, from the cache or the store."""
+        q = self.queue(q) if isinstance(q, str) else q
+        seg = self.segments.get(sm.id)
+        if seg is None:
+            blob = await self.store.get(segment_key(self.ns, q.name, sm.id))
+            seg = decode_segment(blob.data)
+            self.segments.put(seg, len(blob.data))
+        return seg
+
+    def forget_segments(self, queue: str, segments: Sequence[str]) -> None:
+        """Drop cached state of segments no longer in the manifest."""
+        q = self.queue(queue)
+        for sid in segments:
+            q.leases.pop(sid, None)
+            q.summaries.pop(sid, None)
+            self.segments.drop(sid)
+
+    async def gone(self, q: QueueRuntime, segment: str) -> bool:
+        """Whether a segment is no longer listed: a token naming it outlived it."""
+        try:
+            await self.segment_meta(q, segment)
+        except (LeaseLost, QueueNotFound):
+            return True
+        return False
+
+    async def segment_meta(self, q: QueueRuntime, segment: str) -> SegmentMeta:
+        """A listed segment's entry; one whose item is in flight is always listed."""
+        for max_age in (self.opts.config_max_age, 0):
+            m = await self.manifest(q, max_age)
+            sm = next((s for s in m.segments if s.id == segment), None)
+            if sm is not None:
+                return sm
+        raise LeaseLost(f"segment {segment} is no longer in queue {q.name!r} (purged or "
+                        "compacted)", state="gone")
+
+    async def produce(self, queue: str, items: Sequence[NewItem | bytes]) -> list[str]:
+        """Publish items; returns their ids once the manifest CAS has landed."""
+        batch = self.new_items(items, "items")
+        q = self.queue(queue)
+        await self.manifest(q, 60)  # a missing queue fails before a segment is written
+        try:
+            ids = await q.publisher.produce(batch)
+        except Exception as exc:
+            if isinstance(exc, ObjectNotFound):
+                raise QueueNotFound(f"queue {queue!r} does not exist", queue=queue) from exc
+            raise
+        q.wake.set()
+        return ids
+
+    def new_items(self, items: Sequence[NewItem | bytes], field_name: str) -> list[NewItem]:
+        """The items of a produce, checked against the limits."""
+        batch = [i if isinstance(i, NewItem) else NewItem(i) for i in items]
+        self.check_batch(len(batch), field_name)
+        for n, item in enumerate(batch):
+            if len(item.payload) > self.opts.max_item_bytes:
+                raise TooLarge(
+                    f"{field_name}[{n}] is {len(item.payload)} bytes; the limit is "
+                    f"{self.opts.max_item_bytes}",
+                    field=f"{field_name}[{n}]",
+                )
+            check_time_ms(item.enqueue_at_ms, f"{field_name}[{n}].enqueue_at")
+        return batch
+
+    def check_batch(self, n: int, field_name: str) -> None:
+        if n > self.opts.max_batch:
+            raise TooLarge(
+                f"{field_name} holds {n} entries; the limit is {self.opts.max_batch}",
+                field=field_name, limit=self.opts.max_batch,
+            )
+        if n < 1:
+            raise InvalidRequest(
+                f"{field_name} must hold 1 to {self.opts.max_batch} entries; got {n}",
+                field=field_name,
+            )
+
+    async def close(self) -> None:
+        """Flush pending produce batches and writes; the store stays open."""
+        for q in list(self.queues.values()):
+            await q.publisher.close()
+            await q.manifest.close()
+            for cell in q.leases.values():
+                await cell.close()

@@ -1,0 +1,329 @@
+"""The lease scheduler: the walk over a queue's segments that picks what a lease
+takes, the cell changes that lease it, and the long poll.
+
+docs/DESIGN.md, "Lease", says what the walk does and why; the item transitions
+it applies are in okq/transitions.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from okq import transitions as tr
+from okq.cell import Cell, Unchanged
+from okq.errors import (
+    InvalidRequest,
+    ObjectNotFound,
+)
+from okq.keys import (
+    item_id,
+)
+from okq.limits import check_lease_timeout
+from okq.model import (
+    DEAD_PENDING,
+    LEASED,
+    OUTPUTS_PENDING,
+    LeaseObject,
+    Manifest,
+    QueueConfig,
+    Segment,
+    SegmentMeta,
+    fresh_due_ms,
+    fresh_ready_ms,
+    new_request_id,
+)
+from okq.tokens import Delivery, TokenSigner
+
+if TYPE_CHECKING:
+    from okq.finishers import Finishers
+    from okq.runtime import QueueRuntime, Runtime
+
+
+@dataclass
+class LeasedItem:
+    id: str
+    queue: str
+    token: str
+    attempts: int
+    lease_deadline_ms: int
+    payload: bytes
+    produced_ms: int
+    enqueue_at_ms: int | None = None
+    meta: dict[str, Any] | None = None
+
+
+@dataclass
+class _Summary:
+    """What a lease object says about its segment, derived once per version."""
+
+    # (order_ms, index, due_ms) of items that can be leased, by order: order is
+    # the item's place in line (its ready time by the clock that set it); due is
+    # when it may be leased (0 for a fresh unscheduled item: at once, whatever
+    # the reader's clock says of its producer's time).
+    ready: list[tuple[int, int, int]]
+    inflight: bool
+    stalled: list[tuple[int, int]]  # (since_ms, index) in DEAD_PENDING or OUTPUTS_PENDING
+
+
+class Scheduler:
+    """The lease walk: which ready items a lease takes, and the long poll."""
+
+    def __init__(self, rt: Runtime, finishers: Finishers, signer: TokenSigner) -> None:
+        self.rt = rt
+        self.finishers = finishers
+        self.signer = signer
+
+    async def lease(
+        self,
+        queue: str,
+        batch: int = 1,
+        *,
+        lease_timeout: float | None = None,
+        wait: float = 0.0,
+    ) -> list[LeasedItem]:
+        """Lease up to ``batch`` ready items, waiting up to ``wait`` seconds for some."""
+        self.rt.check_batch(batch, "batch_size")
+        check_lease_timeout(lease_timeout)
+        if not 0 <= wait <= self.rt.opts.max_wait:
+            raise InvalidRequest(f"request_timeout must be 0 to {self.rt.opts.max_wait} seconds",
+                                 field="request_timeout")
+        q = self.rt.queue(queue)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + wait
+        while True:
+            q.wake.clear()
+            reads = q.manifest.reads
+            items, next_ready = await self._lease_once(q, batch, lease_timeout)
+            await self.finishers.help_noted(q)
+            left = give_up - loop.time()
+            if items or self.rt.stopping:
+                return items
+            if left <= 0:
+                if q.manifest.reads != reads:
+                    return items
+                # An empty answer rests on a fresh manifest: a produce that landed
+                # through another node a moment ago is leased now, not 0.2 s later.
+                q.manifest.forget()
+                continue
+            pause = min(left, self.rt.opts.poll_interval)
+            if next_ready is not None:
+                pause = min(pause, max(0.0, (next_ready - self.rt.clock.now_ms()) / 1000))
+            try:
+                await asyncio.wait_for(q.wake.wait(), pause)
+            except TimeoutError:
+                pass
+
+    async def _lease_once(
+        self, q: QueueRuntime, n: int, lease_timeout: float | None
+    ) -> tuple[list[LeasedItem], int | None]:
+        async with q.lock:
+            reads = q.manifest.reads
+            m = await self.rt.manifest(q, self.rt.opts.manifest_max_age)
+            lease_ms = int(lease_timeout * 1000) if lease_timeout else m.config.lease_ms
+            out: list[LeasedItem] = []
+            next_ready: int | None = None
+            metas = {sm.id: sm for sm in m.segments}
+            idle = 0
+            # Passes until the batch is full. A pass can fall short: items lost to
+            # another engine, or out of attempts and dead-lettered instead. Stop
+            # after three passes in a row that changed nothing.
+            while len(out) < n and idle < 3:
+                picks, next_ready = await self._pick(q, m, n - len(out))
+                if not picks:
+                    break
+                groups: dict[str, list[tuple[int, int]]] = {}
+                for _, sid, idx, due in picks:
+                    groups.setdefault(sid, []).append((idx, due))
+                fresh_cfg = q.manifest.reads != reads
+                results = await asyncio.gather(*(
+                    self._lease_in(q, m.config, metas[s], w, lease_ms, fresh_cfg)
+                    for s, w in groups.items()
+                ))
+                progress = 0
+                for items, dead in results:
+                    out.extend(items)
+                    progress += len(items) + max(dead, 0)
+                if any(dead < 0 for _, dead in results):
+                    # Out of attempts by a cached config: dead-letter or drop only on
+                    # the queue's settings read now (a raised max_attempts or a new
+                    # dead queue must count).
+                    m = await self.rt.manifest(q, 0)
+                    metas = {sm.id: sm for sm in m.segments}
+                    progress += 1
+                idle = 0 if progress else idle + 1
+            return out, next_ready
+
+    async def _pick(
+        self, q: QueueRuntime, m: Manifest, n: int
+    ) -> tuple[list[tuple[int, str, int, int]], int | None]:
+        """Choose up to n ready items, oldest ready time first.
+
+        Returns (sort key, segment, index, fresh ready time) and the earliest
+        future ready time seen, for the long poll.
+        """
+        now = self.rt.clock.now_ms()
+        if q.seen_ver != m.ver:  # forget state of segments the manifest dropped
+            live = {sm.id for sm in m.segments}
+            for sid in [sid for sid in q.leases if sid not in live]:
+                q.leases.pop(sid)
+                q.summaries.pop(sid, None)
+            q.seen_ver = m.ver
+        backoff = int(self.rt.opts.contention_backoff * 1000)
+        horizon = now + int(2000 * self.rt.opts.max_clock_skew)  # fresh items from clocks ahead
+        cands: list[tuple[int, str, int, int]] = []
+        next_ready: int | None = None
+        budget = [self.rt.opts.lease_state_reads]
+        for sm in _scan_order(m):
+            if len(cands) >= n:
+                cands.sort()
+                if cands[n - 1][0] <= sm.first_ready_ms:
+                    break  # every item further on becomes ready later than these
+            cell = self.rt.lease_cell(q, sm.id)
+            try:
+                summary = await self._summary(q, sm, cell, now, budget)
+            except ObjectNotFound:  # removed by a compactor since this manifest was read
+                q.manifest.forget()
+                continue
+            penalty = backoff if now - cell.conflict_ms < backoff else 0
+            for order, idx, due in summary.ready:
+                if due > now or order > horizon:
+                    soon = max(due, order) if order > horizon else due
+                    next_ready = soon if next_ready is None else min(next_ready, soon)
+                    if order > horizon:
+                        break
+                    continue
+                cands.append((order + penalty, sm.id, idx, due))
+            self._note_stalled(q, sm, summary, now)
+        cands.sort()
+        return cands[:n], next_ready
+
+    def _note_stalled(self, q: QueueRuntime, sm: SegmentMeta, summary: _Summary, now: int) -> None:
+        """Remember half-done items older than the grace, to help after the lock."""
+        for since, idx in summary.stalled:
+            if now - since > self.rt.opts.dead_grace * 1000 and now >= q.help_after.get(
+                    (sm.id, idx), 0):
+                q.stalled[(sm.id, idx)] = sm
+
+    async def _summary(self, q: QueueRuntime, sm: SegmentMeta, cell: Cell[LeaseObject],
+                       now: int, budget: list[int]) -> _Summary:
+        """The segment's summary; ``budget`` bounds the re-reads of lease objects
+        that hold leases (the first calls re-read the first segments, which are
+        then fresh for a while, so later calls re-read the next ones)."""
+        cached = q.summaries.get(sm.id)
+        aged = (
+            cached is not None
+            and cached[1].inflight
+            and cell.fetched_ms is not None
+            and now - cell.fetched_ms > self.rt.opts.lease_state_max_age * 1000
+            and budget[0] > 0
+        )
+        stale = cell.fetched_ms is None or aged
+        if aged:
+            budget[0] -= 1
+        if stale:
+            await cell.refresh()
+        if cached is not None and cached[0] is cell.data and not stale:
+            known: _Summary = cached[1]
+            return known
+        obj = cell.cached() or LeaseObject(sm.id)
+        # Only fresh items need the segment (for their enqueue time).
+        seg = await self.rt.segment(q, sm) if len(obj.items) < sm.count else None
+        summary = _summarise(sm, seg, obj)
+        q.summaries[sm.id] = (cell.data, summary)
+        return summary
+
+    async def _lease_in(
+        self,
+        q: QueueRuntime,
+        cfg: QueueConfig,
+        sm: SegmentMeta,
+        wanted: list[tuple[int, int]],
+        lease_ms: int,
+        fresh_cfg: bool,
+    ) -> tuple[list[LeasedItem], int]:
+        """Lease what is still available of ``wanted``; returns the items and how
+        many were dead-lettered instead (out of attempts), or -1 when some were
+        left alone because only a fresh config may dead-letter them."""
+        cell = self.rt.lease_cell(q, sm.id)
+        rq = new_request_id()
+        held_back = False
+
+        def lease(obj: LeaseObject, now: int) -> object:
+            nonlocal held_back
+            # A re-apply after an ambiguous write that another writer overwrote
+            # finds this request's own leases: they are answered, not stranded.
+            mine, mine_dead, rest = tr.recognise(obj, wanted, rq)
+            if not fresh_cfg and cfg.max_attempts:
+                kept = [w for w in rest if not _exhausted(obj, w[0], cfg.max_attempts)]
+                held_back = len(kept) < len(rest)
+                rest = kept
+            leased, dead = tr.lease(obj, rest, now, lease_ms, cfg.max_attempts, rq)
+            result = (mine + leased, mine_dead + dead)
+            return result if leased or dead else Unchanged(result)
+
+        leased, dead = await cell.update(lease)
+        seg = await self.rt.segment(q, sm)
+        for idx in dead:
+            q.stalled[(sm.id, idx)] = sm  # moved to the dead-letter queue after the lock
+        items = [self._leased_item(q.name, sm, seg, x) for x in leased]
+        return items, -1 if held_back and not dead else len(dead)
+
+    def _leased_item(self, queue: str, sm: SegmentMeta, seg: Segment, x: tr.Leased) -> LeasedItem:
+        item = seg.items[x.index]
+        token = self.signer.sign(Delivery(self.rt.ns, queue, sm.id, x.index, x.v))
+        return LeasedItem(
+            id=item_id(sm.id, x.index),
+            queue=queue,
+            token=token,
+            attempts=x.attempts,
+            lease_deadline_ms=x.deadline_ms,
+            payload=item.payload,
+            produced_ms=item.born_ms or sm.created_ms,
+            enqueue_at_ms=item.enqueue_at_ms,
+            meta=item.meta,
+        )
+
+
+_SCAN_ORDER: dict[tuple[str, int, str], list[SegmentMeta]] = {}
+
+
+def _scan_order(m: Manifest) -> list[SegmentMeta]:
+    """Segments by the earliest ready time of their items (publish order, unless
+    a compactor merge carried older items into a newer segment)."""
+    key = (m.queue, m.ver, m.nonce)
+    order = _SCAN_ORDER.get(key)
+    if order is None:
+        if len(_SCAN_ORDER) > 256:
+            _SCAN_ORDER.clear()
+        order = _SCAN_ORDER[key] = sorted(m.segments, key=lambda sm: sm.first_ready_ms)
+    return order
+
+
+def _summarise(sm: SegmentMeta, seg: Segment | None, obj: LeaseObject) -> _Summary:
+    ready: list[tuple[int, int, int]] = []
+    stalled: list[tuple[int, int]] = []
+    inflight = False
+    if obj.sealed:  # a compactor is merging it: nothing in it is leasable
+        return _Summary(ready, inflight, stalled)
+    for idx in range(sm.count):
+        st = obj.items.get(idx)
+        if st is not None and st.s in (LEASED, DEAD_PENDING, OUTPUTS_PENDING):
+            inflight = True
+            if st.s != LEASED:
+                stalled.append((st.t, idx))
+        if st is None and seg is not None:
+            item = seg.items[idx]
+            ready.append((fresh_ready_ms(sm, item), idx, fresh_due_ms(sm, item)))
+            continue
+        r = tr.ready_at(st, 0)
+        if r is not None:
+            ready.append((r, idx, r))
+    ready.sort()
+    return _Summary(ready, inflight, stalled)
+
+
+def _exhausted(obj: LeaseObject, index: int, max_attempts: int) -> bool:
+    st = obj.items.get(index)
+    return st is not None and st.attempts >= max_attempts
