@@ -1,5 +1,6 @@
-"""The Python client for an okq node: async ``Client``, a thin ``SyncClient``,
-and a ``Worker`` that runs a handler over leased items.
+"""The Python client for an okq node: async ``Client`` and a thin ``SyncClient``.
+``Worker``, which runs a handler over leased items, is ``okq.worker.Worker`` (also
+importable from here); ``Client`` is one of the ``okq.worker.Queues`` it runs on.
 
 Errors come back as okq's own exception classes (``okq.errors``), chosen by the
 ``code`` of the error body, so ``except LeaseLost`` works the same in library
@@ -9,22 +10,19 @@ mode and over HTTP.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import random
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
 from typing import Any, TypeGuard, TypeVar
 
 import aiohttp
 import msgpack
 from pydantic import BaseModel
 
-from okq.errors import BY_CODE, LeaseLost, OkqError, Overloaded, QueueExists, StorageError
-from okq.server import schemas as s
+from okq import wire as s
+from okq.errors import BY_CODE, OkqError, Overloaded, QueueExists, StorageError
+from okq.worker import Worker as Worker  # the worker loop lives in okq.worker
 
-log = logging.getLogger("okq.client")
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
@@ -252,177 +250,3 @@ class SyncClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-Handler = Callable[[s.LeasedItemOut], Awaitable[None]]
-
-
-def backoff_until(attempts: int, base: float, cap: float) -> datetime:
-    """When to retry after ``attempts`` deliveries: ``base * 2**(attempts-1)`` seconds,
-    capped, with jitter (50-100 %)."""
-    delay = min(cap, base * 2 ** (attempts - 1)) * (0.5 + random.random() / 2)
-    return datetime.now(UTC) + timedelta(seconds=delay)
-
-
-async def keep_renewed(client: Client, queue: str, item: s.LeasedItemOut,
-                       lease_timeout: float) -> None:
-    """Renew a lease every half lease timeout until cancelled or the lease is lost."""
-    while True:
-        await asyncio.sleep(lease_timeout / 2)
-        try:
-            await client.renew(queue, item.token, lease_timeout)
-        except LeaseLost:
-            log.warning("lease of %s was lost while it was being worked on", item.id)
-            return
-        except OkqError as exc:
-            log.warning("renewing %s failed: %s; will try again", item.id, exc)
-
-
-class Worker:
-    """Lease items and run ``handler`` on each, at most ``concurrency`` at a time.
-
-    While a handler runs its lease is renewed every half lease timeout. A handler
-    that returns completes the item; one that raises retries it after a backoff
-    (``backoff_base * 2**(attempts-1)``, capped, with jitter), recording the
-    error; the queue's max_attempts then dead-letters it. ``stop()`` stops
-    leasing and waits for running handlers; items never started are released.
-    Cancelling ``run()`` (Ctrl-C under ``asyncio.run``) stops at once instead:
-    running handlers are cancelled and their items released without counting
-    an attempt, then the cancellation goes on. An item whose release cannot
-    reach the node, or that a lease request cut short had just leased, returns
-    when its lease times out.
-    """
-
-    def __init__(
-        self,
-        client: Client,
-        queue: str,
-        handler: Handler,
-        *,
-        concurrency: int = 4,
-        lease_timeout: float = 30.0,
-        poll: float = 10.0,
-        backoff_base: float = 1.0,
-        backoff_max: float = 300.0,
-    ) -> None:
-        self.client = client
-        self.queue = queue
-        self.handler = handler
-        self.concurrency = concurrency
-        self.lease_timeout = lease_timeout
-        self.poll = poll
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.completed = 0
-        self.failed = 0
-        self._stop = asyncio.Event()
-        self._slots = asyncio.Semaphore(concurrency)
-        self._running: dict[asyncio.Task[None], s.LeasedItemOut] = {}
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    async def run(self) -> None:
-        """Run until ``stop()``; then finish what is running. Cancelled, release
-        what is running and re-raise (see the class docstring)."""
-        try:
-            await self._lease_until_stopped()
-            if self._running:
-                await asyncio.gather(*self._running, return_exceptions=True)
-        except asyncio.CancelledError:
-            await self._abort()
-            raise
-
-    async def _lease_until_stopped(self) -> None:
-        while not self._stop.is_set():
-            await self._slots.acquire()
-            free = 1
-            while free < self.concurrency and not self._slots.locked():
-                await self._slots.acquire()
-                free += 1
-            try:
-                items = await self._lease(free)
-            except BaseException:
-                for _ in range(free):
-                    self._slots.release()
-                raise
-            for _ in range(free - len(items)):
-                self._slots.release()
-            for item in items:
-                if self._stop.is_set():  # stopping: give it back at once
-                    await self._release(item)
-                    self._slots.release()
-                    continue
-                task = asyncio.create_task(self._process(item))
-                self._running[task] = item
-                task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
-
-    async def _abort(self) -> None:
-        """Cancel the running handlers, then give their items back uncounted."""
-        self._stop.set()
-        running = dict(self._running)
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await asyncio.gather(*(self._release(item) for item in running.values()))
-
-    async def _lease(self, n: int) -> list[s.LeasedItemOut]:
-        lease = asyncio.ensure_future(self.client.lease(
-            self.queue, n, lease_timeout=self.lease_timeout, request_timeout=self.poll))
-        stop = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({lease, stop}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            lease.cancel()  # never leave the request behind as an orphan task
-            await asyncio.wait({lease})
-            if not lease.cancelled() and lease.exception() is None:  # it had answered
-                await asyncio.gather(*(self._release(i) for i in lease.result()))
-            raise
-        finally:
-            stop.cancel()
-        try:
-            return await lease
-        except (Overloaded, StorageError) as exc:
-            log.warning("lease from %s failed: %s; backing off", self.queue, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), 1 + random.random())
-            return []
-
-    async def _release(self, item: s.LeasedItemOut) -> None:
-        """Give an item back uncounted; one that cannot be returns at its lease timeout
-        (a lease already lost, or completed just before a cancellation, is fine)."""
-        with contextlib.suppress(OkqError):
-            await self.client.retry(self.queue, item.token, error="worker stopping",
-                                    count_attempt=False)
-
-    async def _process(self, item: s.LeasedItemOut) -> None:
-        renewer = asyncio.create_task(
-            keep_renewed(self.client, self.queue, item, self.lease_timeout))
-        try:
-            await self.handler(item)
-        except Exception as exc:  # the handler's failure is the item's failure
-            renewer.cancel()
-            self.failed += 1
-            await self._retry(item, exc)
-        else:
-            renewer.cancel()
-            try:
-                await self.client.complete(self.queue, [item.token])
-                self.completed += 1
-            except LeaseLost:
-                log.warning("lease of %s was lost before completion; it will be redelivered",
-                            item.id)
-        finally:
-            renewer.cancel()
-            self._slots.release()
-
-    async def _retry(self, item: s.LeasedItemOut, exc: Exception) -> None:
-        retry_at = backoff_until(item.attempts, self.backoff_base, self.backoff_max)
-        try:
-            await self.client.retry(self.queue, item.token, retry_at=retry_at,
-                                    error=f"{type(exc).__name__}: {exc}")
-        except LeaseLost:
-            pass

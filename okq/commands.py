@@ -29,9 +29,9 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from okq import wire as s
 from okq.client import Client
 from okq.errors import OkqError, Unauthorized
-from okq.server import schemas as s
 
 T = TypeVar("T")
 BATCH = 500

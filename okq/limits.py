@@ -5,11 +5,11 @@ Times are seconds unless a name says ``_MS``.
 
 from __future__ import annotations
 
-from okq.errors import InvalidRequest
+from okq.errors import InvalidRequest, TooLarge
 
 #: A lease lasts 0.1 s to 12 h (a queue's default, or a lease's or renewal's own).
 LEASE_TIMEOUT_MIN = 0.1
-LEASE_TIMEOUT_MAX = 43_200.0
+LEASE_TIMEOUT_MAX = 43_200
 #: A queue keeps an item 1 s to 14 days.
 RETENTION_MIN = 1
 RETENTION_MAX = 1_209_600
@@ -37,3 +37,13 @@ def check_time_ms(value: int | None, field: str) -> None:
     """Refuse an absolute time (ms since the epoch) out of range (None: unset)."""
     if value is not None and not 0 <= value <= MAX_TIME_MS:
         raise InvalidRequest(f"{field} is out of range", field=field)
+
+
+def check_batch(n: int, limit: int, field: str) -> None:
+    """Refuse a batch of ``n`` entries unless 1 to ``limit`` (a node's --max-batch):
+    over it is TooLarge (413), as for any other size limit."""
+    if n > limit:
+        raise TooLarge(f"{field} holds {n} entries; the limit is {limit}", field=field,
+                       limit=limit)
+    if n < 1:
+        raise InvalidRequest(f"{field} must hold 1 to {limit} entries; got {n}", field=field)

@@ -19,7 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from okq.errors import FormatError, OkqError
 from okq.keys import check_name
-from okq.limits import LEASE_TIMEOUT_MAX, LEASE_TIMEOUT_MIN
+from okq.limits import (
+    LEASE_TIMEOUT_MAX,
+    LEASE_TIMEOUT_MIN,
+    MAX_ATTEMPTS_MAX,
+    MAX_ATTEMPTS_MIN,
+    RETENTION_MAX,
+    RETENTION_MIN,
+)
 
 FORMAT_VERSION = 1
 
@@ -41,10 +48,12 @@ class QueueConfig(BaseModel):
     lease_timeout: float = Field(30.0, ge=LEASE_TIMEOUT_MIN, le=LEASE_TIMEOUT_MAX,
                                  description="seconds a lease lasts")
     retention: float = Field(
-        345_600, ge=1, le=1_209_600, description="seconds an item is kept (default 4 days)"
+        345_600, ge=RETENTION_MIN, le=RETENTION_MAX,
+        description="seconds an item is kept (default 4 days)",
     )
     max_attempts: int = Field(
-        0, ge=0, le=10_000, description="deliveries before dead-lettering; 0 = unlimited"
+        0, ge=MAX_ATTEMPTS_MIN, le=MAX_ATTEMPTS_MAX,
+        description="deliveries before dead-lettering; 0 = unlimited",
     )
     dead_queue: str | None = Field(None, description="queue that receives dead items")
     retention_dead_letter: bool = Field(

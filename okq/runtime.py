@@ -20,7 +20,6 @@ from typing import Any
 from okq.cell import Cell
 from okq.clock import MAX_CLOCK_SKEW_MS, Clock
 from okq.errors import (
-    InvalidRequest,
     LeaseLost,
     ObjectNotFound,
     QueueNotFound,
@@ -32,7 +31,7 @@ from okq.keys import (
     manifest_key,
     segment_key,
 )
-from okq.limits import check_time_ms
+from okq.limits import check_batch, check_time_ms
 from okq.model import (
     LeaseObject,
     Manifest,
@@ -261,16 +260,7 @@ class Runtime:
         return batch
 
     def check_batch(self, n: int, field_name: str) -> None:
-        if n > self.opts.max_batch:
-            raise TooLarge(
-                f"{field_name} holds {n} entries; the limit is {self.opts.max_batch}",
-                field=field_name, limit=self.opts.max_batch,
-            )
-        if n < 1:
-            raise InvalidRequest(
-                f"{field_name} must hold 1 to {self.opts.max_batch} entries; got {n}",
-                field=field_name,
-            )
+        check_batch(n, self.opts.max_batch, field_name)
 
     async def close(self) -> None:
         """Flush pending produce batches and writes; the store stays open."""

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from okq.engine import EngineOptions
 from okq.keys import check_name
+from okq.limits import MAX_BATCH_MAX, REQUEST_TIMEOUT_MAX
 
 log = logging.getLogger("okq.settings")
 
@@ -49,9 +50,11 @@ class Settings(BaseSettings):
     )
     linger: float = Field(0.005, ge=0, le=1, description="seconds to gather a produce batch")
     max_item_bytes: int = Field(1 << 20, ge=1, le=64 << 20, description="largest item payload")
-    max_batch: int = Field(1000, ge=1, le=10_000, description="most items per produce or lease")
+    max_batch: int = Field(1000, ge=1, le=MAX_BATCH_MAX,
+                           description="most items per produce or lease")
     max_body_bytes: int = Field(8 << 20, ge=1024, le=256 << 20, description="largest request body")
-    max_wait: float = Field(900, ge=0, le=3600, description="longest long poll, seconds")
+    max_wait: float = Field(900, ge=0, le=REQUEST_TIMEOUT_MAX,
+                            description="longest long poll, seconds")
     max_waiting: int = Field(
         100, ge=1, le=100_000, description="waiting lease requests per queue before 429"
     )

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from okq.client import Client
-from okq.server.schemas import ItemOut
+from okq.wire import ItemOut
 
 KEYS = "acceptance-key-0123456789abcdef"
 

@@ -1,15 +1,20 @@
-"""The OpenAPI 3 document, generated from the route table and pydantic models."""
+"""The OpenAPI 3 document, generated from the route table and the wire models.
+
+Served at ``/openapi.json`` by ``serve``; it reads ``okq.server.routes`` and the
+app registers it, so nothing here imports the app."""
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
 
+from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 import okq
-from okq.server import schemas as s
+from okq import wire as s
+from okq.server.routes import ROUTES
 
 ERRORS = {
     "400": "invalid input; details.field names the field",
@@ -36,8 +41,6 @@ def _json_and_msgpack(model: type[BaseModel]) -> dict[str, Any]:
 
 @cache
 def document() -> dict[str, Any]:
-    from okq.server.app import ROUTES
-
     models: set[type[BaseModel]] = {s.ErrorBody, s.HealthResponse}
     for _, _, req, resp, _ in ROUTES:
         models.update((req, resp))
@@ -90,3 +93,7 @@ def document() -> dict[str, Any]:
         "paths": paths,
         "components": {"schemas": defs["$defs"]},
     }
+
+
+async def serve(request: web.Request) -> web.Response:
+    return web.json_response(document())

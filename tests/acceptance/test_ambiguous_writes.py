@@ -25,7 +25,7 @@ import pytest
 
 from okq.client import Client
 from okq.errors import LeaseLost
-from okq.server.schemas import LeasedItemOut
+from okq.wire import LeasedItemOut
 from tests.nodes import Node, okq_node
 from tests.s3proxy import Rule, S3Proxy
 from tests.servers import BUCKET

@@ -538,7 +538,7 @@ def test_bad_input(world: World, path: str, ctype: str | None, body: bytes, stat
 
 
 def test_table_covers_every_route() -> None:
-    from okq.server.app import ROUTES
+    from okq.server.routes import ROUTES
 
     covered = {p.values[0] for p in CASES}
     assert {path for path, *_ in ROUTES} <= covered

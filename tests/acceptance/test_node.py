@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from okq import wire as s
 from okq.client import Client, SyncClient, Worker
 from okq.errors import (
     InvalidRequest,
@@ -24,7 +25,6 @@ from okq.errors import (
     QueueExists,
     QueueNotFound,
 )
-from okq.server import schemas as s
 from tests.nodes import Node, okq_node
 
 STORES = ["file", pytest.param("seaweed", marks=pytest.mark.s3)]

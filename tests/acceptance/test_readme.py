@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
+from okq import wire as s
 from okq.client import Client
-from okq.server import schemas as s
 from tests.nodes import Node, live_items, okq_node
 
 README = Path(__file__).resolve().parents[2] / "README.md"

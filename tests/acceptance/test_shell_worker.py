@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
+from okq import wire as s
 from okq.client import Client
-from okq.server import schemas as s
 from tests.nodes import Node, live_items, okq_node
 
 _SCRIPT = Path(sys.executable).with_name("okq")

@@ -1,9 +1,12 @@
-"""Request and response bodies of the HTTP API, as pydantic models.
+"""The wire models: request and response bodies of the HTTP API, as pydantic models.
 
-They validate input (unknown fields are refused, so a typo names its field),
-and the OpenAPI document is generated from them. Payloads are ``bytes``:
-base64 in JSON, raw binary in msgpack; ``utf8`` is the convenient alternative
-for text. Times are RFC 3339 strings (or epoch seconds); durations are seconds.
+They sit below both ends: the node (``okq.server``) parses and answers with
+them; the client, the shell worker and the CLI send and read them, so nothing
+on the client side imports the server. They validate input (unknown fields are
+refused, so a typo names its field), and the OpenAPI document is generated from
+them. Payloads are ``bytes``: base64 in JSON, raw binary in msgpack; ``utf8`` is
+the convenient alternative for text. Times are RFC 3339 strings (or epoch
+seconds); durations are seconds. The ranges come from ``okq.limits``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,17 @@ from pydantic import (
     PlainSerializer,
     WithJsonSchema,
     model_validator,
+)
+
+from okq.limits import (
+    LEASE_TIMEOUT_MAX,
+    LEASE_TIMEOUT_MIN,
+    MAX_ATTEMPTS_MAX,
+    MAX_ATTEMPTS_MIN,
+    MAX_TIME_MS,
+    REQUEST_TIMEOUT_MAX,
+    RETENTION_MAX,
+    RETENTION_MIN,
 )
 
 
@@ -46,11 +60,13 @@ Payload = Annotated[
 QueueName = Annotated[
     str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="a queue's name")
 ]
-Seconds = Annotated[float, Field(ge=0.1, le=43_200, description="seconds")]
+Seconds = Annotated[
+    float, Field(ge=LEASE_TIMEOUT_MIN, le=LEASE_TIMEOUT_MAX, description="seconds")
+]
 
 
 MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
-MAX_TIME = datetime(9000, 1, 1, tzinfo=UTC)
+MAX_TIME = datetime.fromtimestamp(MAX_TIME_MS / 1000, UTC)  # 9000-01-01
 
 
 def _time(value: datetime | None) -> datetime | None:
@@ -121,7 +137,7 @@ class LeaseRequest(Body):
     batch_size: int = Field(1, ge=1, description="most items to lease")
     lease_timeout: Seconds | None = Field(None, description="default: the queue's")
     request_timeout: float = Field(
-        0, ge=0, le=3600,
+        0, ge=0, le=REQUEST_TIMEOUT_MAX,
         description="long poll: seconds to wait for items when none are ready (at most the "
         "node's --max-wait)",
     )
@@ -229,8 +245,8 @@ class PurgeResponse(Body):
 
 class QueueSettings(Body):
     lease_timeout: Seconds | None = None
-    retention: float | None = Field(None, ge=1, le=1_209_600)
-    max_attempts: int | None = Field(None, ge=0, le=10_000)
+    retention: float | None = Field(None, ge=RETENTION_MIN, le=RETENTION_MAX)
+    max_attempts: int | None = Field(None, ge=MAX_ATTEMPTS_MIN, le=MAX_ATTEMPTS_MAX)
     dead_queue: QueueName | None = None
     retention_dead_letter: bool | None = Field(
         None, description="move items past retention to the dead-letter queue"

@@ -1,0 +1,300 @@
+"""The node's endpoints, one function each: parse the body into its wire model,
+call the queue service, answer with the response model.
+
+Policy (admission, batch limits, the retry batch) is the service's
+(``okq.service``); what is left here is HTTP: a validation error as a 400 that
+names its field, the caller gone while its long poll waited, metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from datetime import UTC, datetime
+from typing import Any, TypeVar, get_args
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from okq import wire as s
+from okq.engine import BrowsedItem, LeasedItem, QueueInfo
+from okq.errors import InvalidRequest, OkqError
+from okq.keys import manifests_prefix
+from okq.model import QueueConfig
+from okq.publisher import NewItem
+from okq.server.codec import read_body, respond
+from okq.server.state import METRICS, SERVICE, STORE
+from okq.service import Outputs, Retry
+
+M = TypeVar("M", bound=BaseModel)
+
+
+# -- parsing and conversions ----------------------------------------------------
+
+
+def ms(value: datetime | None) -> int | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp() * 1000)
+
+
+def dt(value_ms: int) -> datetime:
+    return datetime.fromtimestamp(value_ms / 1000, UTC)
+
+
+def text(payload: bytes) -> str | None:
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+async def parse(request: web.Request, model: type[M]) -> M:
+    body = await read_body(request)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise invalid(exc, model) from None
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """('items', 0, 'token') -> 'items[0].token', the form used in every message."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def invalid(exc: ValidationError, model: type[BaseModel] | None = None) -> InvalidRequest:
+    """The first error, as a 400 naming its field. An unknown field comes first: a
+    misspelt ``itemz`` also makes ``items`` missing, and the typo is what to fix."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    where = field_path(err["loc"]) or "body"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field" + _did_you_mean(model, err["loc"])
+    elif err["type"] == "missing":
+        msg = "field required"
+    return InvalidRequest(f"{where}: {msg}", field=where, errors=len(errors))
+
+
+def _did_you_mean(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> str:
+    """'; did you mean items?' when an unknown field is close to a known one."""
+    if model is None or not loc or not isinstance(loc[-1], str):
+        return ""
+    known = _fields_at(model, loc[:-1])
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The field names of the object at ``loc`` inside ``model`` (list indexes skipped)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if current is not None else None
+        current = _model_in(field.annotation) if field is not None else None
+    return list(current.model_fields) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model inside an annotation such as ``list[Item]`` or ``Outputs | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _leased(i: LeasedItem) -> s.LeasedItemOut:
+    return s.LeasedItemOut(
+        id=i.id, token=i.token, attempts=i.attempts, lease_deadline=dt(i.lease_deadline_ms),
+        produced_at=dt(i.produced_ms),
+        enqueue_at=dt(i.enqueue_at_ms) if i.enqueue_at_ms is not None else None,
+        bytes=i.payload, utf8=text(i.payload), meta=i.meta,
+    )
+
+
+def _info(i: QueueInfo) -> s.QueueInfoOut:
+    c = i.config
+    return s.QueueInfoOut(
+        name=i.name, lease_timeout=c.lease_timeout, retention=c.retention,
+        max_attempts=c.max_attempts, dead_queue=c.dead_queue,
+        retention_dead_letter=c.retention_dead_letter, created_at=dt(i.created_ms),
+        segments=i.segments, produced=i.produced,
+    )
+
+
+def _item(i: BrowsedItem) -> s.ItemOut:
+    return s.ItemOut(
+        id=i.id, state=i.state, attempts=i.attempts, produced_at=dt(i.produced_ms),
+        ready_at=dt(i.ready_ms) if i.ready_ms is not None else None, bytes=i.payload,
+        utf8=text(i.payload), meta=i.meta, error=i.error,
+    )
+
+
+def _new_items(items: list[s.ProduceItem], *, keys: bool = True) -> list[NewItem]:
+    return [NewItem(i.payload(), ms(i.enqueue_at), i.key if keys else None) for i in items]
+
+
+# -- the lease API ---------------------------------------------------------------
+
+
+async def produce(request: web.Request) -> web.Response:
+    body = await parse(request, s.ProduceRequest)
+    items = _new_items(body.items)
+    ids = await request.app[SERVICE].produce(body.queue_name, items)
+    request.app[METRICS].batch.labels("produce").observe(len(items))
+    request.app[METRICS].items.labels("produced").inc(len(items))
+    return respond(request, s.ProduceResponse(queue_name=body.queue_name, ids=ids))
+
+
+async def lease(request: web.Request) -> web.Response:
+    body = await parse(request, s.LeaseRequest)
+    service = request.app[SERVICE]
+    items = await service.lease(body.queue_name, body.batch_size,
+                                lease_timeout=body.lease_timeout, wait=body.request_timeout)
+    if items and _client_gone(request):
+        await service.give_back(body.queue_name, items)
+        items = []
+    request.app[METRICS].batch.labels("lease").observe(len(items))
+    request.app[METRICS].items.labels("leased").inc(len(items))
+    return respond(request, s.LeaseResponse(queue_name=body.queue_name,
+                                            items=[_leased(i) for i in items]))
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def renew(request: web.Request) -> web.Response:
+    body = await parse(request, s.RenewRequest)
+    deadline = await request.app[SERVICE].renew(body.queue_name, body.token, body.lease_timeout)
+    return respond(request, s.RenewResponse(queue_name=body.queue_name,
+                                            lease_deadline=dt(deadline)))
+
+
+async def complete(request: web.Request) -> web.Response:
+    body = await parse(request, s.CompleteRequest)
+    outputs = None
+    if body.outputs is not None:
+        outputs = Outputs(body.outputs.queue_name, _new_items(body.outputs.items, keys=False))
+    output_ids = await request.app[SERVICE].complete(body.queue_name, body.tokens, outputs)
+    if outputs is not None:
+        request.app[METRICS].items.labels("produced").inc(len(outputs.items))
+    request.app[METRICS].batch.labels("complete").observe(len(body.tokens))
+    request.app[METRICS].items.labels("completed").inc(len(body.tokens))
+    return respond(request, s.CompleteResponse(queue_name=body.queue_name,
+                                               completed=len(body.tokens),
+                                               output_ids=output_ids))
+
+
+async def retry(request: web.Request) -> web.Response:
+    body = await parse(request, s.RetryRequest)
+    retries = [Retry(i.token, retry_at_ms=ms(i.retry_at), dead=i.dead, error=i.error,
+                     count_attempt=i.count_attempt) for i in body.items]
+    outcome = await request.app[SERVICE].retry(body.queue_name, retries)
+    request.app[METRICS].items.labels("retried").inc(outcome.retried)
+    outcome.raise_if_failed()
+    return respond(request, s.RetryResponse(queue_name=body.queue_name, retried=outcome.retried))
+
+
+# -- queues and views -------------------------------------------------------------
+
+
+async def stats(request: web.Request) -> web.Response:
+    body = await parse(request, s.QueueRequest)
+    st = await request.app[SERVICE].stats(body.queue_name)
+    request.app[METRICS].queue_stats[body.queue_name] = st
+    return respond(request, s.StatsResponse(
+        queue_name=st.queue, available=st.available, in_flight=st.in_flight,
+        scheduled=st.scheduled, waiting_retry=st.waiting_retry, dead=st.dead,
+        dead_lettered=st.dead_lettered, completed=st.completed, redriven=st.redriven,
+        segments=st.segments,
+        oldest_age=st.oldest_age_s,
+    ))
+
+
+async def purge(request: web.Request) -> web.Response:
+    body = await parse(request, s.QueueRequest)
+    await request.app[SERVICE].purge(body.queue_name)
+    return respond(request, s.PurgeResponse(queue_name=body.queue_name))
+
+
+def _config(body: s.QueueSettings) -> dict[str, Any]:
+    """The settings given; null means 'the default' (create) or 'unchanged' (update)."""
+    return body.model_dump(exclude_unset=True, exclude_none=True, exclude={"name"})
+
+
+async def queues_create(request: web.Request) -> web.Response:
+    body = await parse(request, s.QueueCreate)
+    try:
+        config = QueueConfig.model_validate(_config(body))
+    except ValidationError as exc:
+        raise invalid(exc, s.QueueCreate) from None
+    info = await request.app[SERVICE].create_queue(body.name, config)
+    return respond(request, _info(info), 201)
+
+
+async def queues_list(request: web.Request) -> web.Response:
+    await parse(request, s.QueuesListRequest)
+    infos = await request.app[SERVICE].queues()
+    return respond(request, s.QueuesListResponse(queues=[_info(i) for i in infos]))
+
+
+async def queues_info(request: web.Request) -> web.Response:
+    body = await parse(request, s.QueueNameRequest)
+    return respond(request, _info(await request.app[SERVICE].queue(body.name)))
+
+
+async def queues_update(request: web.Request) -> web.Response:
+    body = await parse(request, s.QueueUpdate)
+    info = await request.app[SERVICE].update_queue(body.name, **_config(body))
+    return respond(request, _info(info))
+
+
+async def queues_delete(request: web.Request) -> web.Response:
+    body = await parse(request, s.QueueNameRequest)
+    await request.app[SERVICE].delete_queue(body.name)
+    return respond(request, s.DeleteResponse(name=body.name))
+
+
+async def items_list(request: web.Request) -> web.Response:
+    body = await parse(request, s.ItemsListRequest)
+    items, after = await request.app[SERVICE].browse(
+        body.queue_name, start_after=body.start_after, limit=body.limit)
+    return respond(request, s.ItemsListResponse(
+        queue_name=body.queue_name, items=[_item(i) for i in items], next_start_after=after))
+
+
+async def dead_redrive(request: web.Request) -> web.Response:
+    body = await parse(request, s.RedriveRequest)
+    moved = await request.app[SERVICE].redrive(body.queue_name, body.limit)
+    return respond(request, s.RedriveResponse(queue_name=body.queue_name, moved=moved))
+
+
+# -- operations ---------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    store = request.app[STORE]
+    prefix = manifests_prefix(request.app[SERVICE].engine.ns)
+    try:
+        await asyncio.wait_for(store.list(prefix, limit=1), 5)
+    except (OkqError, TimeoutError) as exc:
+        return respond(request, s.HealthResponse(status=f"store unavailable: {exc}",
+                                                 store=store.url), 503)
+    return respond(request, s.HealthResponse(status="ok", store=store.url))
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,84 @@
+"""The node's one middleware: API keys, okq's errors as ``{code, message, details}``
+bodies with their HTTP status, and request metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from okq import wire as s
+from okq.errors import OkqError, Overloaded, TooLarge, Unauthorized
+from okq.server.codec import respond
+from okq.server.state import API_KEYS, METRICS, SETTINGS
+
+log = logging.getLogger("okq.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> s.ErrorBody:
+    return s.ErrorBody(code=code, message=message, details=details or {})
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource \
+        else "unmatched"
+    began = time.perf_counter()
+    response = await _handle(request, handler)
+    metrics.requests.labels(endpoint, str(response.status)).inc()
+    metrics.latency.labels(endpoint).observe(time.perf_counter() - began)
+    return response
+
+
+def _authorize(request: web.Request) -> None:
+    keys = request.app[API_KEYS]
+    if not keys or not request.path.startswith("/v1/"):
+        return
+    header = request.headers.get("Authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not any(
+        hmac.compare_digest(key.strip(), k) for k in keys
+    ):
+        raise Unauthorized("a valid API key is required: 'Authorization: Bearer KEY'")
+
+
+async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        _authorize(request)
+        return await handler(request)
+    except Overloaded as exc:
+        retry_after = {"Retry-After": str(max(1, round(exc.retry_after)))}
+        return respond(request, error_body(exc.code, exc.message, exc.details), exc.status,
+                       retry_after)
+    except OkqError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, exc)
+        headers = {"Retry-After": "1"} if exc.status == 503 else None
+        details = {k: v for k, v in exc.details.items() if k != "key"}
+        return respond(request, error_body(exc.code, exc.message, details), exc.status, headers)
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS].max_body_bytes
+        err = TooLarge(f"the request body is over the limit of {limit} bytes",
+                       field="body", limit=limit)
+        return respond(request, error_body(err.code, err.message, err.details), 413)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        keep = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return respond(request, error_body(code, exc.reason), exc.status, keep or None)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        ref = uuid.uuid4().hex[:12]
+        log.exception("internal error %s on %s %s", ref, request.method, request.path)
+        return respond(request, error_body("internal", "internal error", {"ref": ref}), 500)

@@ -1,0 +1,487 @@
+"""One worker loop over one queue protocol, over HTTP or in this process.
+
+``Queues`` is what a worker needs from okq: lease, renew, complete (and
+complete-and-produce), retry, and a queue's ``max_attempts``. The HTTP
+``okq.client.Client`` has these calls as they are; ``EngineQueues(engine)``
+gives them to an ``Engine`` in this process (library mode). Both hand the
+handler the same item: ``okq.wire.LeasedItemOut``.
+
+``Worker`` is the loop: lease up to ``concurrency`` items at a time, run the
+handler on each while its lease is renewed every half lease timeout, complete
+what returns, retry what raises after a backoff (the queue's ``max_attempts``
+then dead-letters it), stop gracefully. The Python worker and ``okq work``
+(``okq.shellwork``) both run on it. A handler finishes its item by how it ends:
+
+- returns ``None``: the item is completed;
+- returns ``Outputs(queue, items)``: completed, and ``items`` produced to
+  ``queue`` in the same step (they appear if and only if the completion commits);
+- raises ``Failed(error)``: retried after a backoff, ``error`` recorded as it is;
+- raises ``DeadLetter(reason)``: dead-lettered now, with ``reason``;
+- raises another exception: retried after a backoff, ``"Type: message"`` recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from okq.errors import InvalidRequest, LeaseLost, OkqError, Overloaded, StorageError, TooLarge
+from okq.wire import LeasedItemOut
+
+if TYPE_CHECKING:
+    from okq.engine import Engine, LeasedItem
+    from okq.model import QueueConfig
+
+log = logging.getLogger("okq.worker")
+
+
+class MaxAttempts(Protocol):
+    """A queue's settings, as far as a worker reads them."""
+
+    @property
+    def max_attempts(self) -> int: ...
+
+
+class Queues(Protocol):
+    """The calls a worker makes: ``Client`` over HTTP, ``EngineQueues`` in this process.
+
+    Errors are okq's own (``okq.errors``) either way: ``LeaseLost`` when a token's
+    delivery is over, ``Overloaded`` / ``StorageError`` when trying again later
+    may help.
+    """
+
+    async def lease(self, queue: str, batch_size: int = 1, *,
+                    lease_timeout: float | None = None,
+                    request_timeout: float = 0.0) -> list[LeasedItemOut]:
+        """Lease up to ``batch_size`` items for ``lease_timeout`` seconds (the queue's
+        by default), waiting up to ``request_timeout`` seconds for some."""
+
+    async def renew(self, queue: str, token: str,
+                    lease_timeout: float | None = None) -> datetime:
+        """Extend a lease from now; returns its new deadline."""
+
+    async def complete(self, queue: str, tokens: Sequence[str]) -> int:
+        """Complete deliveries; returns how many."""
+
+    async def complete_and_produce(self, queue: str, token: str, out_queue: str,
+                                   items: Sequence[bytes]) -> list[str]:
+        """Complete one delivery and produce ``items`` to ``out_queue`` in one step."""
+
+    async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
+                    dead: bool = False, error: str | None = None,
+                    count_attempt: bool = True) -> None:
+        """Release a delivery: ready again at ``retry_at`` (now by default), or
+        dead-lettered; ``count_attempt=False`` gives it back without spending a try."""
+
+    async def queue_info(self, name: str) -> MaxAttempts:
+        """The queue's settings."""
+
+
+def leased_out(item: LeasedItem) -> LeasedItemOut:
+    """An engine's leased item as the wire shows it (what a handler receives)."""
+    try:
+        utf8: str | None = item.payload.decode()
+    except UnicodeDecodeError:
+        utf8 = None
+    enqueue_at = None if item.enqueue_at_ms is None else _datetime(item.enqueue_at_ms)
+    return LeasedItemOut(id=item.id, token=item.token, attempts=item.attempts,
+                         lease_deadline=_datetime(item.lease_deadline_ms),
+                         produced_at=_datetime(item.produced_ms), enqueue_at=enqueue_at,
+                         bytes=item.payload, utf8=utf8, meta=item.meta)
+
+
+def _datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+class EngineQueues:
+    """An ``Engine`` in this process as ``Queues``: ``Worker(EngineQueues(engine), ...)``
+    is a worker in library mode. The engine's own checks apply (ranges, batch sizes,
+    its ``max_wait``); a node's admission limits do not."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def lease(self, queue: str, batch_size: int = 1, *,
+                    lease_timeout: float | None = None,
+                    request_timeout: float = 0.0) -> list[LeasedItemOut]:
+        items = await self.engine.lease(queue, batch_size, lease_timeout=lease_timeout,
+                                        wait=request_timeout)
+        return [leased_out(i) for i in items]
+
+    async def renew(self, queue: str, token: str,
+                    lease_timeout: float | None = None) -> datetime:
+        return _datetime(await self.engine.renew(token, lease_timeout, queue=queue))
+
+    async def complete(self, queue: str, tokens: Sequence[str]) -> int:
+        await self.engine.complete(tokens, queue=queue)
+        return len(tokens)
+
+    async def complete_and_produce(self, queue: str, token: str, out_queue: str,
+                                   items: Sequence[bytes]) -> list[str]:
+        return await self.engine.complete_and_produce(token, out_queue, list(items),
+                                                      queue=queue)
+
+    async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
+                    dead: bool = False, error: str | None = None,
+                    count_attempt: bool = True) -> None:
+        at_ms = None if retry_at is None else int(retry_at.timestamp() * 1000)
+        await self.engine.retry(token, retry_at_ms=at_ms, dead=dead, error=error, queue=queue,
+                                count_attempt=count_attempt)
+
+    async def queue_info(self, name: str) -> QueueConfig:
+        return (await self.engine.get_queue(name)).config
+
+
+# -- what a handler returns or raises --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Return it from a handler to produce ``items`` to ``queue`` with the completion."""
+
+    queue: str
+    items: Sequence[bytes]
+
+
+class Failed(Exception):
+    """Raise it from a handler to retry the item with backoff, recording ``error`` as
+    it is (another exception is recorded as ``"Type: message"``)."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class DeadLetter(Exception):
+    """Raise it from a handler to dead-letter the item now, with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+Handler = Callable[[LeasedItemOut], Awaitable[Outputs | None]]
+
+
+# -- renewing and backing off -----------------------------------------------------------
+
+
+def backoff_until(attempts: int, base: float, cap: float) -> datetime:
+    """When to retry after ``attempts`` deliveries: ``base * 2**(attempts-1)`` seconds,
+    capped, with jitter (50-100 %)."""
+    delay = min(cap, base * 2 ** (attempts - 1)) * (0.5 + random.random() / 2)
+    return datetime.now(UTC) + timedelta(seconds=delay)
+
+
+async def keep_renewed(client: Queues, queue: str, item: LeasedItemOut,
+                       lease_timeout: float) -> None:
+    """Renew a lease every half lease timeout until cancelled or the lease is lost."""
+    while True:
+        await asyncio.sleep(lease_timeout / 2)
+        try:
+            await client.renew(queue, item.token, lease_timeout)
+        except LeaseLost:
+            log.warning("lease of %s was lost while it was being worked on", item.id)
+            return
+        except OkqError as exc:
+            log.warning("renewing %s failed: %s; will try again", item.id, exc)
+
+
+# -- the loop ----------------------------------------------------------------------------
+
+
+@dataclass
+class WorkStats:
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0  # dead-lettered: by the handler, or by the queue's max_attempts
+    released: int = 0  # given back uncounted: the worker stopped before finishing them
+    outputs: int = 0
+    failed: int = 0  # handler failures (each then retried or dead-lettered)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> int:
+        """Items done with for good: completed or dead-lettered (what ``limit`` counts)."""
+        return self.completed + self.dead
+
+
+class Worker:
+    """Lease items and run ``handler`` on each, at most ``concurrency`` at a time.
+
+    ``client`` is a ``Client`` (over HTTP) or ``EngineQueues(engine)`` (library
+    mode). While a handler runs its lease is renewed every half lease timeout. A
+    handler that returns completes the item; one that raises retries it after a
+    backoff (``backoff_base * 2**(attempts-1)``, capped, with jitter), recording the
+    error; the queue's max_attempts then dead-letters it (``Outputs``, ``Failed``
+    and ``DeadLetter`` say more: see the module). With ``limit`` the worker stops
+    once that many items are finished: completed or dead-lettered (a retry is not
+    a finish: the item comes back).
+
+    ``stop()`` stops leasing and waits for running handlers (for ``grace`` seconds
+    at most, if given: then they are cancelled and their items released without
+    counting an attempt); an item leased as it stops is released at once.
+    Cancelling ``run()`` (Ctrl-C under ``asyncio.run``) stops at once instead:
+    running handlers are cancelled and their items released without counting an
+    attempt, then the cancellation goes on. An item whose release cannot reach
+    okq, or that a lease request cut short had just leased, returns when its lease
+    times out. An error the worker cannot outlast (a lease error not in
+    ``lease_errors``, a handler exception in ``fatal``) stops it the same way and
+    is raised by ``run()``.
+    """
+
+    #: lease errors the worker waits out (backing off 1-2 s); another one stops it
+    lease_errors: ClassVar[tuple[type[OkqError], ...]] = (Overloaded, StorageError)
+    #: handler exceptions that stop the worker rather than fail the item
+    fatal: ClassVar[tuple[type[Exception], ...]] = ()
+    #: the error recorded on an item released because the worker stopped
+    unfinished: ClassVar[str] = "worker stopping"
+    log: ClassVar[logging.Logger] = log
+
+    def __init__(
+        self,
+        client: Queues,
+        queue: str,
+        handler: Handler,
+        *,
+        concurrency: int = 4,
+        lease_timeout: float = 30.0,
+        poll: float = 10.0,
+        backoff_base: float = 1.0,
+        backoff_max: float = 300.0,
+        grace: float | None = None,
+        limit: int | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.client = client
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.lease_timeout = lease_timeout
+        self.poll = poll  # long-poll length: also how long an idle worker takes to stop
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.grace = grace
+        self.limit = limit
+        self.stats = WorkStats()
+        self.max_attempts = 0  # the queue's, read at start: to count dead letters
+        self._stop = asyncio.Event()
+        self._running: dict[asyncio.Task[None], LeasedItemOut] = {}
+        self._fatal: BaseException | None = None
+
+    @property
+    def completed(self) -> int:
+        return self.stats.completed
+
+    @property
+    def failed(self) -> int:
+        return self.stats.failed
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> WorkStats:
+        """Run until ``stop()`` (or the limit); then finish what is running. Cancelled,
+        release what is running and re-raise (see the class docstring)."""
+        timer = None if self.grace is None else asyncio.create_task(self._grace(self.grace))
+        try:
+            self.max_attempts = (await self.client.queue_info(self.queue)).max_attempts
+            await self._lease_until_stopped()
+            await self._wait_running()
+            if self._fatal is not None:
+                raise self._fatal
+        except BaseException:
+            await self._abort()
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return self.stats
+
+    # -- leasing -------------------------------------------------------------------------
+
+    def _room(self) -> int:
+        """How many items to lease now: the free slots, no more than the limit needs."""
+        room = self.concurrency - len(self._running)
+        if self.limit is not None:
+            room = min(room, self.limit - self.stats.finished - len(self._running))
+        return max(room, 0)
+
+    async def _lease_until_stopped(self) -> None:
+        while not self._stop.is_set():
+            room = self._room()
+            if room == 0:
+                if not self._running:
+                    return  # the limit is reached
+                await self._until_one_ends()
+                continue
+            for item in await self._lease(room):
+                if self._stop.is_set():  # stopping: give it back at once
+                    await self._release(item, "worker stopping")
+                    continue
+                task = asyncio.create_task(self._process(item))
+                self._running[task] = item
+                task.add_done_callback(self._forget)
+
+    async def _until_one_ends(self) -> None:
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({stop, *self._running}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+
+    async def _lease(self, n: int) -> list[LeasedItemOut]:
+        lease = asyncio.ensure_future(self.client.lease(
+            self.queue, n, lease_timeout=self.lease_timeout, request_timeout=self.poll))
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({lease, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            lease.cancel()  # never leave the request behind as an orphan task
+            await asyncio.wait({lease})
+            if not lease.cancelled() and lease.exception() is None:  # it had answered
+                await asyncio.gather(*(self._release(i, "worker stopping")
+                                       for i in lease.result()))
+            raise
+        finally:
+            stop.cancel()
+        try:
+            return await lease
+        except self.lease_errors as exc:
+            self.log.warning("lease from %s failed: %s; backing off", self.queue, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 1 + random.random())
+            return []
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        if not task.cancelled() and task.exception() is not None and self._fatal is None:
+            self._fatal = task.exception()  # raised by run(), after the others stopped
+            self._stop.set()
+
+    async def _wait_running(self) -> None:
+        while self._running and self._fatal is None:
+            await asyncio.wait(list(self._running), return_when=asyncio.FIRST_EXCEPTION)
+
+    async def _grace(self, grace: float) -> None:
+        """Once stopped, cancel the handlers still running after ``grace`` seconds."""
+        await self._stop.wait()
+        await asyncio.sleep(grace)
+        for task in list(self._running):
+            _cancel_once(task)
+
+    async def _abort(self) -> None:
+        """Cancel the running handlers; each gives its item back uncounted."""
+        self._stop.set()
+        running = list(self._running)
+        for task in running:
+            _cancel_once(task)
+        if running:
+            await asyncio.wait(running)
+
+    # -- one item ------------------------------------------------------------------------
+
+    async def _process(self, item: LeasedItemOut) -> None:
+        try:
+            await self._work(item)
+        except BaseException:  # cancelled, or a fatal error: the item goes back
+            await self._release(item, self.unfinished)
+            raise
+
+    async def _work(self, item: LeasedItemOut) -> None:
+        renewer = asyncio.create_task(
+            keep_renewed(self.client, self.queue, item, self.lease_timeout))
+        try:
+            try:
+                outputs = await self.handler(item)
+            finally:
+                renewer.cancel()
+        except DeadLetter as exc:
+            self.stats.failed += 1
+            await self._dead(item, exc.reason)
+        except Failed as exc:
+            self.stats.failed += 1
+            await self._retry(item, exc.error)
+        except self.fatal:
+            raise
+        except Exception as exc:  # the handler's failure is the item's failure
+            self.stats.failed += 1
+            await self._retry(item, f"{type(exc).__name__}: {exc}")
+        else:
+            await self._complete(item, outputs)
+
+    async def _complete(self, item: LeasedItemOut, outputs: Outputs | None) -> None:
+        try:
+            if outputs is None or not outputs.items:
+                await self.client.complete(self.queue, [item.token])
+            else:
+                try:
+                    await self.client.complete_and_produce(self.queue, item.token,
+                                                           outputs.queue, outputs.items)
+                except (TooLarge, InvalidRequest) as exc:  # okq's limits refuse them
+                    await self._dead(item, f"invalid output: {exc.message}")
+                    return
+                self.stats.outputs += len(outputs.items)
+            self.stats.completed += 1
+        except LeaseLost:
+            self.log.warning("lease of %s was lost before completion; it will be redelivered",
+                             item.id)
+        except OkqError as exc:
+            self._error("completing", item, exc)
+
+    async def _dead(self, item: LeasedItemOut, reason: str) -> None:
+        try:
+            await self.client.retry(self.queue, item.token, dead=True, error=reason)
+            self.stats.dead += 1
+        except LeaseLost:
+            self.log.warning("lease of %s was lost before it was dead-lettered; it will be "
+                             "redelivered", item.id)
+        except OkqError as exc:
+            self._error("dead-lettering", item, exc)
+
+    async def _retry(self, item: LeasedItemOut, error: str) -> None:
+        retry_at = backoff_until(item.attempts, self.backoff_base, self.backoff_max)
+        try:
+            await self.client.retry(self.queue, item.token, retry_at=retry_at, error=error)
+        except LeaseLost:
+            return  # it comes back anyway
+        except OkqError as exc:
+            self._error("retrying", item, exc)
+            return
+        if self.max_attempts and item.attempts >= self.max_attempts:
+            self.stats.dead += 1  # the queue dead-lettered it: out of attempts
+        else:
+            self.stats.retried += 1
+
+    async def _release(self, item: LeasedItemOut, why: str) -> None:
+        """Give an item back uncounted; one that cannot be returns at its lease timeout
+        (a lease already lost, or completed just before a cancellation, is fine)."""
+        try:
+            await self.client.retry(self.queue, item.token, error=why, count_attempt=False)
+            self.stats.released += 1
+        except LeaseLost:
+            pass
+        except OkqError as exc:
+            self.log.warning("releasing %s failed: %s; it returns when its lease expires",
+                             item.id, exc)
+
+    def _error(self, doing: str, item: LeasedItemOut, exc: OkqError) -> None:
+        self.stats.errors.append(str(exc))
+        self.log.error("%s %s failed: %s", doing, item.id, exc)
+
+
+def _cancel_once(task: asyncio.Task[None]) -> None:
+    """Cancel a task unless it is done or already cancelled: a second cancellation
+    would cut short the release it makes on the first."""
+    if not task.done() and not task.cancelling():
+        task.cancel()
