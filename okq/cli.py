@@ -115,7 +115,7 @@ async def run_node(settings: Settings) -> None:
         await runner.cleanup()  # stop accepting, finish requests, flush batches
 
 
-register(main)  # the commands that talk to a node: okq/commands.py
+register(main)  # the commands that talk to a node: okq/commands/
 
 
 if __name__ == "__main__":

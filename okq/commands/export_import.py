@@ -1,0 +1,136 @@
+"""export and import: a queue's live items to a JSON Lines file and back,
+both resumable."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from okq import wire as s
+from okq.client import Client
+from okq.commands.context import BATCH, Ctx, batches, emit, out, progress, run
+from okq.commands.items import parse_jsonl_item
+
+
+def _export_record(i: s.ItemOut) -> dict[str, Any]:
+    rec: dict[str, Any] = {"id": i.id}
+    if i.utf8 is not None:
+        rec["utf8"] = i.utf8
+    else:
+        rec["bytes"] = base64.b64encode(i.bytes).decode()
+    if i.state == "scheduled" and i.ready_at is not None:
+        rec["enqueue_at"] = i.ready_at.isoformat()
+    if i.meta:
+        rec["meta"] = i.meta
+    return rec
+
+
+def _last_exported_id(path: Path) -> str | None:
+    last = None
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    last = json.loads(line)["id"]
+                except (ValueError, KeyError, TypeError):
+                    break  # a torn last line: continue after the previous one
+    return last
+
+
+@click.command("export")
+@click.argument("queue")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--resume", is_flag=True, help="append to FILE after its last exported item")
+@run
+async def export_(ctx: Ctx, c: Client, queue: str, file: str, resume: bool) -> None:
+    """Write a queue's live items to a JSON Lines file (without leasing them)."""
+    path = Path(file)
+    after = _last_exported_id(path) if resume and path.exists() else None
+    if path.exists() and not resume:
+        raise click.UsageError(f"{file} exists: use --resume to continue it")
+    if resume and path.exists():
+        _trim_torn_line(path)
+    total = (await c.stats(queue)).available
+    bar = progress(ctx, total, "exporting")
+    n = 0
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            while True:
+                page = await c.list_items(queue, limit=1000, start_after=after)
+                for item in page.items:
+                    fh.write(json.dumps(_export_record(item)) + "\n")
+                fh.flush()
+                n += len(page.items)
+                bar.advance(len(page.items))
+                after = page.next_start_after
+                if after is None:
+                    break
+    finally:
+        bar.close()
+    emit(ctx, {"queue_name": queue, "exported": n, "file": file},
+         lambda: out.print(f"exported {n} item{'s' * (n != 1)} to {file}"))
+
+
+def _trim_torn_line(path: Path) -> None:
+    """End the file after its last complete record: finish a record that lacks only
+    its newline, drop one that was cut short."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    start = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[start:])
+    except ValueError:
+        path.write_bytes(data[:start])
+    else:
+        path.write_bytes(data + b"\n")
+
+
+@click.command("import")
+@click.argument("queue")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@run
+async def import_(ctx: Ctx, c: Client, queue: str, file: str) -> None:
+    """Produce the items of a JSON Lines file (as written by export).
+
+    Safe to run again after an interruption: a checkpoint file beside FILE
+    records the lines already produced, and every item carries an idempotency
+    key made of the file's hash and its line number.
+    """
+    path = Path(file)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    checkpoint = path.with_name(path.name + f".okq-import-{queue}")
+    done = 0
+    if checkpoint.exists():
+        saved = checkpoint.read_text().split()
+        if len(saved) == 2 and saved[0] == digest and saved[1].isdigit():
+            done = int(saved[1])  # lines up to this one were produced by an earlier run
+    lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if line.strip()]
+    todo = [(n, line) for n, line in lines if n > done]
+    parsed = []  # every line is checked before anything is produced
+    for n, line in todo:
+        item = parse_jsonl_item(line, n)
+        item.key = item.key or f"import:{digest}:{n}"
+        parsed.append((n, item))
+    bar = progress(ctx, len(todo), "importing")
+    produced = 0
+    try:
+        for batch in batches(iter(parsed), BATCH):
+            items = [item for _, item in batch]
+            await c.produce(queue, items)
+            produced += len(items)
+            checkpoint.write_text(f"{digest} {batch[-1][0]}\n")
+            bar.advance(len(items))
+    finally:
+        bar.close()
+    checkpoint.unlink(missing_ok=True)
+    skipped = len(lines) - len(todo)
+    emit(ctx, {"queue_name": queue, "imported": produced, "skipped": skipped},
+         lambda: out.print(f"imported {produced} item{'s' * (produced != 1)}"
+                           + (f" ({skipped} already imported)" if skipped else "")))

@@ -1,0 +1,164 @@
+"""The queue and dead-letter commands: queues create|list|info|update|delete,
+stats [--watch], dead list|redrive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.live import Live
+
+from okq import wire as s
+from okq.client import Client
+from okq.commands.context import Ctx, emit, out, plain, run
+from okq.commands.items import browse
+from okq.commands.tables import info_table, items_table, stats_line, stats_table
+
+
+def queue_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed([
+        click.option("--lease-timeout", type=float, help="seconds a lease lasts"),
+        click.option("--retention", type=float, help="seconds items are kept"),
+        click.option("--max-attempts", type=int, help="deliveries before dead-lettering "
+                     "(0: unlimited)"),
+        click.option("--dead-queue", help="the dead-letter queue"),
+        click.option("--retention-dead-letter/--no-retention-dead-letter", default=None,
+                     help="move expired items to the dead-letter queue"),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@click.group()
+def queues() -> None:
+    """Create, list, inspect, change and delete queues."""
+
+
+@queues.command("create")
+@click.argument("name")
+@queue_settings
+@run
+async def queues_create(ctx: Ctx, c: Client, name: str, **settings: Any) -> None:
+    """Create a queue."""
+    info = await c.create_queue(name, **{k: v for k, v in settings.items() if v is not None})
+    emit(ctx, info, lambda: out.print(info_table([info])))
+
+
+@queues.command("list")
+@run
+async def queues_list(ctx: Ctx, c: Client) -> None:
+    """List queues."""
+    infos = await c.list_queues()
+    emit(ctx, infos, lambda: out.print(info_table(infos) if infos else "no queues"))
+
+
+@queues.command("info")
+@click.argument("name")
+@run
+async def queues_info(ctx: Ctx, c: Client, name: str) -> None:
+    """Show a queue's configuration."""
+    info = await c.queue_info(name)
+    emit(ctx, info, lambda: out.print(info_table([info])))
+
+
+@queues.command("update")
+@click.argument("name")
+@queue_settings
+@run
+async def queues_update(ctx: Ctx, c: Client, name: str, **settings: Any) -> None:
+    """Change a queue's configuration; settings not given keep their values."""
+    changes = {k: v for k, v in settings.items() if v is not None}
+    if not changes:
+        raise click.UsageError("give at least one setting to change")
+    info = await c.update_queue(name, **changes)
+    emit(ctx, info, lambda: out.print(info_table([info])))
+
+
+@queues.command("delete")
+@click.argument("name")
+@run
+async def queues_delete(ctx: Ctx, c: Client, name: str) -> None:
+    """Delete a queue and its items."""
+    await c.delete_queue(name)
+    emit(ctx, {"name": name}, lambda: out.print(f"deleted {name}"))
+
+
+@click.command()
+@click.argument("queues_", metavar="QUEUE...", nargs=-1, required=True)
+@click.option("--watch", "-w", is_flag=True, help="refresh until interrupted")
+@click.option("--interval", type=float, default=2.0, show_default=True)
+@run
+async def stats(ctx: Ctx, c: Client, queues_: tuple[str, ...], watch: bool,
+                interval: float) -> None:
+    """Counts by state: a readable table, or JSON."""
+    rows = [await c.stats(q) for q in queues_]
+    if not watch:
+        emit(ctx, rows, lambda: out.print(stats_table(rows)))
+        return
+    if ctx.json:  # one JSON document per refresh, for a pipe
+        try:
+            while True:
+                click.echo(json.dumps(plain(rows)))
+                await asyncio.sleep(interval)
+                rows = [await c.stats(q) for q in queues_]
+        except asyncio.CancelledError:  # Ctrl-C
+            return
+    if not out.is_terminal:  # a pipe or a file: a line per queue per refresh, as a log
+        await _watch_lines(c, queues_, rows, interval)
+        return
+    with Live(stats_table(rows), console=out, auto_refresh=False) as live:
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                rows = [await c.stats(q) for q in queues_]
+                live.update(stats_table(rows), refresh=True)
+        except asyncio.CancelledError:
+            return
+
+
+async def _watch_lines(c: Client, queues_: tuple[str, ...], rows: list[s.StatsResponse],
+                       interval: float) -> None:
+    """``stats --watch`` when stdout is not a terminal: rich's live table draws
+    nothing there, so each refresh prints its lines and flushes them at once."""
+    try:
+        while True:
+            for r in rows:
+                click.echo(stats_line(r))
+            sys.stdout.flush()
+            await asyncio.sleep(interval)
+            rows = [await c.stats(q) for q in queues_]
+    except asyncio.CancelledError:  # Ctrl-C
+        return
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@click.group()
+def dead() -> None:
+    """Look at and redrive dead-lettered items."""
+
+
+@dead.command("list")
+@click.argument("dead_queue")
+@click.option("--limit", "-n", type=int, default=100, show_default=True)
+@run
+async def dead_list(ctx: Ctx, c: Client, dead_queue: str, limit: int) -> None:
+    """Items in a dead-letter queue, with where they came from and why."""
+    got = await browse(c, dead_queue, limit)
+    emit(ctx, got, lambda: out.print(items_table(got, dead=True) if got else "no dead items"))
+
+
+@dead.command("redrive")
+@click.argument("dead_queue")
+@click.option("--limit", "-n", type=int, default=1000, show_default=True)
+@run
+async def dead_redrive(ctx: Ctx, c: Client, dead_queue: str, limit: int) -> None:
+    """Move dead-lettered items back to the queues they came from."""
+    moved = await c.redrive(dead_queue, limit)
+    emit(ctx, {"queue_name": dead_queue, "moved": moved},
+         lambda: out.print(f"moved {moved} item{'s' * (moved != 1)} back"))

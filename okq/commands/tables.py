@@ -1,0 +1,54 @@
+"""How the client commands show things on a terminal: payloads, and the tables of
+queues, counts and items."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from rich.table import Table
+
+from okq import wire as s
+
+
+def show_payload(item: s.LeasedItemOut | s.ItemOut) -> str:
+    if item.utf8 is not None:
+        return item.utf8 if len(item.utf8) <= 60 else item.utf8[:57] + "..."
+    return f"<{len(item.bytes)} bytes>"
+
+
+def info_table(infos: list[s.QueueInfoOut]) -> Table:
+    t = Table("queue", "lease timeout", "retention", "max attempts", "dead queue", "produced")
+    for i in infos:
+        t.add_row(i.name, f"{i.lease_timeout:g}s", f"{i.retention:g}s",
+                  str(i.max_attempts or "unlimited"), i.dead_queue or "-", str(i.produced))
+    return t
+
+
+STAT_COLUMNS = ("available", "in_flight", "scheduled", "waiting_retry", "dead", "completed")
+
+
+def stats_table(rows: list[s.StatsResponse]) -> Table:
+    t = Table("queue", *(c.replace("_", " ") for c in STAT_COLUMNS), "oldest")
+    for r in rows:
+        t.add_row(r.queue_name, *(str(getattr(r, c)) for c in STAT_COLUMNS),
+                  f"{r.oldest_age:.1f}s")
+    return t
+
+
+def stats_line(r: s.StatsResponse) -> str:
+    """One queue's counts on one line: ``12:00:01 jobs available=3 in_flight=1 ...``."""
+    counts = " ".join(f"{c}={getattr(r, c)}" for c in STAT_COLUMNS)
+    return f"{datetime.now():%H:%M:%S} {r.queue_name} {counts} oldest={r.oldest_age:.1f}s"
+
+
+def items_table(items: list[s.ItemOut], dead: bool = False) -> Table:
+    cols = ["id", "state", "attempts", "produced"] + (["from", "error"] if dead else []) + [
+        "payload"]
+    t = Table(*cols)
+    for i in items:
+        row = [i.id, i.state, str(i.attempts), f"{i.produced_at:%Y-%m-%d %H:%M:%S}"]
+        if dead:
+            meta = i.meta or {}
+            row += [str(meta.get("source_queue", "-")), str(meta.get("error") or "-")]
+        t.add_row(*row, show_payload(i))
+    return t
