@@ -67,6 +67,7 @@ def client_side(client: Client) -> Side:
 
 async def throughput(side: Side, queue: str, total: int) -> tuple[float, float]:
     await side.create(queue)
+    total -= total % (WORKERS * BATCH)  # what the producers' whole batches add up to
     began = time.perf_counter()
 
     async def producer() -> None:
