@@ -226,7 +226,7 @@ class Compactor:
         for s in segs:
             stalled = s.stalled()
             for i in stalled:
-                await self.finishers.help_stalled(self.rt.queue(queue), s.meta, i)
+                await self.finishers.help_stalled(self.rt.queue(queue), s.meta, i, cfg)
             if stalled:
                 s.obj = self.rt.lease_cell(queue, s.meta.id).cached() or s.obj
 
@@ -252,7 +252,7 @@ class Compactor:
             report.items_expired += len(expired)
             if to_dead:
                 for i in expired:
-                    await self.finishers.help_stalled(self.rt.queue(queue), s.meta, i)
+                    await self.finishers.help_stalled(self.rt.queue(queue), s.meta, i, cfg)
                 report.items_expired_to_dead += len(expired)
                 s.obj = cell.cached() or s.obj
 

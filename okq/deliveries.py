@@ -146,9 +146,8 @@ class Deliveries:
         err = error[:4096] if error else None
         cell = self.rt.lease_cell(q, d.segment)
         rq = new_request_id()
-        reads = q.manifest.reads
-        cfg = (await self.rt.manifest(q, self.rt.opts.config_max_age)).config
-        fresh = q.manifest.reads != reads
+        m, fresh = await self.rt.manifest_read(q, self.rt.opts.config_max_age)
+        cfg = m.config
 
         def release(o: LeaseObject, now: int) -> object:
             st = o.items.get(d.index)
@@ -166,7 +165,8 @@ class Deliveries:
             cfg, fresh = (await self.rt.manifest(q, 0)).config, True
             to_dead = await cell.update(release)
         if to_dead:
-            await self.finishers.help_dead(q, await self.rt.segment_meta(q, d.segment), d.index)
+            sm = await self.rt.segment_meta(q, d.segment)
+            await self.finishers.help_dead(q, sm, d.index, cfg if fresh else None)
         q.wake.set()
 
 

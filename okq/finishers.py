@@ -26,7 +26,9 @@ from okq.model import (
     DEAD_PENDING,
     OUTPUTS_PENDING,
     ItemState,
+    QueueConfig,
     SegmentMeta,
+    dead_letter_source,
 )
 from okq.publisher import NewItem
 
@@ -51,22 +53,30 @@ class Finishers:
     async def help_noted(self, q: QueueRuntime) -> None:
         """Help the half-done items a lease walk noted, outside the queue's lock:
         a dead-letter move produces into another queue and must not hold up
-        other lease calls on this one."""
+        other lease calls on this one. The queue's settings are read once for
+        all of them."""
+        if not q.stalled:
+            return
+        config = (await self.rt.manifest(q, 0)).config
         while q.stalled:
             (_, idx), sm = q.stalled.popitem()
-            await self.help_stalled(q, sm, idx)
+            await self.help_stalled(q, sm, idx, config)
 
-    async def help_dead(self, q: QueueRuntime, sm: SegmentMeta, idx: int) -> None:
+    async def help_dead(self, q: QueueRuntime, sm: SegmentMeta, idx: int,
+                        config: QueueConfig | None = None) -> None:
         """Finish moving a DEAD_PENDING item: produce it to the dead-letter queue
         (idempotently, keyed by its delivery), then mark it DEAD. Where it goes
         (or whether it is dropped: no dead queue) follows the queue's settings
-        read now, never a cached copy."""
+        read now, never a cached copy: ``config`` if the caller just read it,
+        else read here."""
         cell = self.rt.lease_cell(q, sm.id)
         obj = cell.cached()
         st = obj.items.get(idx) if obj else None
         if st is None or st.s != DEAD_PENDING:
             return
-        dead_queue = (await self.rt.manifest(q, 0)).config.dead_queue
+        if config is None:
+            config = (await self.rt.manifest(q, 0)).config
+        dead_queue = config.dead_queue
         iid = item_id(sm.id, idx)
         if dead_queue:
             try:
@@ -89,12 +99,14 @@ class Finishers:
         key = f"dlq:{self.rt.ns}:{q.name}:{iid}:{st.v}"
         await self.rt.produce(dead_queue, [NewItem(seg.items[idx].payload, None, key, meta)])
 
-    async def help_stalled(self, q: QueueRuntime, sm: SegmentMeta, idx: int) -> None:
-        """Finish what a crashed node left half done on an item."""
+    async def help_stalled(self, q: QueueRuntime, sm: SegmentMeta, idx: int,
+                           config: QueueConfig | None = None) -> None:
+        """Finish what a crashed node left half done on an item (``config``: the
+        queue's settings, if the caller has just read them)."""
         obj = self.rt.lease_cell(q, sm.id).cached()
         st = obj.items.get(idx) if obj else None
         if st is not None and st.s == DEAD_PENDING:
-            await self.help_dead(q, sm, idx)
+            await self.help_dead(q, sm, idx, config)
         elif st is not None and st.s == OUTPUTS_PENDING and st.out is not None:
             try:
                 await self.finish_outputs(q, sm, idx, st.v, st.out)
@@ -117,19 +129,18 @@ class Finishers:
             reason = f"outputs could not be published to queue {out[0]!r}: {exc.message}"
             # A dead letter on its way back to its source queue waits in the dead
             # queue again; any other item is dead-lettered with the reason.
-            meta = (await self.rt.segment(q, sm)).items[idx].meta or {}
-            back = meta.get("source_queue") == out[0]
+            meta = (await self.rt.segment(q, sm)).items[idx].meta
+            back = dead_letter_source(meta) == out[0]
             cell = self.rt.lease_cell(q, sm.id)
             moved = await cell.update(
                 lambda o, now: tr.abandon_outputs(o, idx, v, now, reason, back=back))
             if moved and not back:
                 await self.help_dead(q, sm, idx)
+            what = "waits in its queue again" if back else "was dead-lettered"
+            message = f"the completion did not take: {reason}; the item {what}"
             if isinstance(exc, PublishAborted):
-                raise PublishAborted(f"the completion did not take: {reason}; the item was "
-                                     "dead-lettered") from exc
-            raise QueueNotFound(f"the completion did not take: {reason}; the item was "
-                                "dead-lettered", queue=out[0], field="outputs.queue_name"
-                                ) from exc
+                raise PublishAborted(message) from exc
+            raise QueueNotFound(message, queue=out[0], field="outputs.queue_name") from exc
         outq.wake.set()
         await self.rt.lease_cell(q, sm.id).update(
             lambda o, now: tr.finish_outputs(o, idx, v)

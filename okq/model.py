@@ -126,6 +126,13 @@ def fresh_ready_ms(sm: SegmentMeta, item: SegmentItem) -> int:
     return max(born, item.enqueue_at_ms or 0)
 
 
+def dead_letter_source(meta: dict[str, Any] | None) -> str | None:
+    """The queue a dead letter came from (its ``source_queue`` meta), or None if
+    the item is not a dead letter."""
+    source = meta.get("source_queue") if meta else None
+    return source if isinstance(source, str) else None
+
+
 def fresh_due_ms(sm: SegmentMeta, item: SegmentItem) -> int:
     """When a never-leased item may be leased: its enqueue time if it was scheduled
     for later than its produce, else 0 (at once). Its produce time, read off the

@@ -23,6 +23,7 @@ from okq.model import (
     LEASED,
     OUTPUTS_PENDING,
     LeaseObject,
+    dead_letter_source,
 )
 from okq.publisher import NewItem
 from okq.tokens import Delivery
@@ -89,10 +90,11 @@ class Redriver:
                 break
             groups, others = self._redrive_groups(items)
             for i in others:  # not a dead letter: leave it where it is
-                await self.deliveries.retry(i.token, retry_at_ms=self.rt.clock.now_ms() + 3_600_000,
-                                 count_attempt=False)
+                await self.deliveries.retry(
+                    i.token, retry_at_ms=self.rt.clock.now_ms() + 3_600_000, count_attempt=False)
+            exists = {source: await self._queue_exists(source) for _, source in groups}
             for (segment, source), group in groups.items():
-                if await self._queue_exists(source):
+                if exists[source]:
                     moved += await self._redrive_group(dq, segment, source, group)
                     continue
                 for i, _ in group:  # give them back at once, uncounted
@@ -157,9 +159,10 @@ class Redriver:
 
 
 def _source_queue(item: LeasedItem) -> str | None:
-    """The queue a dead letter came from, or None if the item is not a dead letter."""
-    source = item.meta.get("source_queue") if item.meta else None
-    if not isinstance(source, str):
+    """The queue a dead letter came from, or None if the item is not a dead letter
+    (or names no valid queue)."""
+    source = dead_letter_source(item.meta)
+    if source is None:
         return None
     try:
         return check_name(source, "source_queue")

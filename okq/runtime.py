@@ -195,6 +195,13 @@ class Runtime:
             raise QueueNotFound(f"queue {q.name!r} does not exist", queue=q.name)
         return m
 
+    async def manifest_read(self, q: QueueRuntime, max_age: float) -> tuple[Manifest, bool]:
+        """The manifest as :meth:`manifest` gives it, and whether it was read from
+        the store by this call (fresh) rather than taken from the cache."""
+        reads = q.manifest.reads
+        m = await self.manifest(q, max_age)
+        return m, q.manifest.reads != reads
+
     async def segment(self, q: QueueRuntime | str, sm: SegmentMeta) -> Segment:
         """A listed segment, from the cache or the store."""
         q = self.queue(q) if isinstance(q, str) else q

@@ -22,9 +22,8 @@ from okq.keys import (
 )
 from okq.limits import check_lease_timeout
 from okq.model import (
-    DEAD_PENDING,
-    LEASED,
-    OUTPUTS_PENDING,
+    HALF_DONE,
+    IN_FLIGHT,
     LeaseObject,
     Manifest,
     QueueConfig,
@@ -119,8 +118,7 @@ class Scheduler:
         self, q: QueueRuntime, n: int, lease_timeout: float | None
     ) -> tuple[list[LeasedItem], int | None]:
         async with q.lock:
-            reads = q.manifest.reads
-            m = await self.rt.manifest(q, self.rt.opts.manifest_max_age)
+            m, fresh_cfg = await self.rt.manifest_read(q, self.rt.opts.manifest_max_age)
             lease_ms = int(lease_timeout * 1000) if lease_timeout else m.config.lease_ms
             out: list[LeasedItem] = []
             next_ready: int | None = None
@@ -136,20 +134,19 @@ class Scheduler:
                 groups: dict[str, list[tuple[int, int]]] = {}
                 for _, sid, idx, due in picks:
                     groups.setdefault(sid, []).append((idx, due))
-                fresh_cfg = q.manifest.reads != reads
                 results = await asyncio.gather(*(
                     self._lease_in(q, m.config, metas[s], w, lease_ms, fresh_cfg)
                     for s, w in groups.items()
                 ))
                 progress = 0
-                for items, dead in results:
+                for items, dead, _ in results:
                     out.extend(items)
-                    progress += len(items) + max(dead, 0)
-                if any(dead < 0 for _, dead in results):
+                    progress += len(items) + dead
+                if any(held_back for _, _, held_back in results):
                     # Out of attempts by a cached config: dead-letter or drop only on
                     # the queue's settings read now (a raised max_attempts or a new
                     # dead queue must count).
-                    m = await self.rt.manifest(q, 0)
+                    m, fresh_cfg = await self.rt.manifest(q, 0), True
                     metas = {sm.id: sm for sm in m.segments}
                     progress += 1
                 idle = 0 if progress else idle + 1
@@ -242,10 +239,10 @@ class Scheduler:
         wanted: list[tuple[int, int]],
         lease_ms: int,
         fresh_cfg: bool,
-    ) -> tuple[list[LeasedItem], int]:
-        """Lease what is still available of ``wanted``; returns the items and how
-        many were dead-lettered instead (out of attempts), or -1 when some were
-        left alone because only a fresh config may dead-letter them."""
+    ) -> tuple[list[LeasedItem], int, bool]:
+        """Lease what is still available of ``wanted``; returns the items, how many
+        were dead-lettered instead (out of attempts), and whether some were left
+        alone because only a fresh config may dead-letter them."""
         cell = self.rt.lease_cell(q, sm.id)
         rq = new_request_id()
         held_back = False
@@ -268,7 +265,7 @@ class Scheduler:
         for idx in dead:
             q.stalled[(sm.id, idx)] = sm  # moved to the dead-letter queue after the lock
         items = [self._leased_item(q.name, sm, seg, x) for x in leased]
-        return items, -1 if held_back and not dead else len(dead)
+        return items, len(dead), held_back
 
     def _leased_item(self, queue: str, sm: SegmentMeta, seg: Segment, x: tr.Leased) -> LeasedItem:
         item = seg.items[x.index]
@@ -309,9 +306,9 @@ def _summarise(sm: SegmentMeta, seg: Segment | None, obj: LeaseObject) -> _Summa
         return _Summary(ready, inflight, stalled)
     for idx in range(sm.count):
         st = obj.items.get(idx)
-        if st is not None and st.s in (LEASED, DEAD_PENDING, OUTPUTS_PENDING):
+        if st is not None and st.s in IN_FLIGHT:
             inflight = True
-            if st.s != LEASED:
+            if st.s in HALF_DONE:
                 stalled.append((st.t, idx))
         if st is None and seg is not None:
             item = seg.items[idx]

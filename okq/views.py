@@ -25,6 +25,7 @@ from okq.model import (
     Segment,
     SegmentItem,
     SegmentMeta,
+    dead_letter_source,
     fresh_due_ms,
     fresh_ready_ms,
 )
@@ -78,10 +79,7 @@ class Views:
         for sm in m.segments:
             if after is not None and sm.id < after[0]:
                 continue
-            cell = self.rt.lease_cell(q, sm.id)
-            await cell.refresh()
-            obj = cell.cached() or LeaseObject(sm.id)
-            seg = await self.rt.segment(q, sm)
+            obj, seg = await self._read(q, sm)
             first = after[1] + 1 if after is not None and sm.id == after[0] else 0
             for idx in range(first, sm.count):
                 item = _browsed(sm, seg, obj, idx, now)
@@ -102,11 +100,8 @@ class Views:
         q = self.rt.queue(queue)
         m = await self.rt.manifest(q, 0)
         s = await self._count(q, m)
-        dead = m.config.dead_queue
-        if dead == queue:
-            s.dead = _live(s)
-        elif dead:
-            s.dead = await self._live_in(dead)
+        if m.config.dead_queue:  # never the queue itself: admin refuses that
+            s.dead = await self._live_in(m.config.dead_queue)
         return s
 
     async def _live_in(self, queue: str) -> int:
@@ -125,14 +120,10 @@ class Views:
         s = QueueStats(q.name, segments=len(m.segments))
         oldest: int | None = None
         for sm in m.segments:
-            cell = self.rt.lease_cell(q, sm.id)
-            await cell.refresh()
-            obj = cell.cached() or LeaseObject(sm.id)
-            seg = await self.rt.segment(q, sm)
+            obj, seg = await self._read(q, sm)
             for idx in range(sm.count):
                 st = obj.items.get(idx)
-                state, _ = _classify(st, fresh_ready_ms(sm, seg.items[idx]), now,
-                                     fresh_due_ms(sm, seg.items[idx]))
+                state, _ = _classify(st, sm, seg.items[idx], now)
                 if state == "completed" and _redriven(st, seg.items[idx]):
                     state = "redriven"
                 setattr(s, state, getattr(s, state) + 1)
@@ -142,11 +133,17 @@ class Views:
         s.oldest_age_s = 0.0 if oldest is None else max(0, now - oldest) / 1000
         return s
 
+    async def _read(self, q: QueueRuntime, sm: SegmentMeta) -> tuple[LeaseObject, Segment]:
+        """A segment and its lease object read fresh (the views count what is true now)."""
+        cell = self.rt.lease_cell(q, sm.id)
+        await cell.refresh()
+        return cell.cached() or LeaseObject(sm.id), await self.rt.segment(q, sm)
+
 
 def _redriven(st: ItemState | None, item: SegmentItem) -> bool:
     """Whether a completed item is a dead letter that went back to the queue it
     came from (a redrive): neither work done nor a dead letter any more."""
-    source = item.meta.get("source_queue") if item.meta else None
+    source = dead_letter_source(item.meta)
     return st is not None and st.out is not None and source is not None and st.out[0] == source
 
 
@@ -154,16 +151,16 @@ def _live(s: QueueStats) -> int:
     return s.available + s.in_flight + s.scheduled + s.waiting_retry
 
 
-def _classify(st: ItemState | None, fresh_ready: int, now: int,
-              fresh_due: int = 0) -> tuple[str, int | None]:
+def _classify(st: ItemState | None, sm: SegmentMeta, item: SegmentItem,
+              now: int) -> tuple[str, int | None]:
     """An item's state as stats counts it (a QueueStats field), and its ready time.
-    A fresh item is available once due (``fresh_due``, 0 when not scheduled),
-    whatever its producer's clock said of its ready time."""
-    ready = tr.ready_at(st, fresh_ready)
+    A fresh item is available once due (0 when not scheduled), whatever its
+    producer's clock said of its ready time."""
+    ready = tr.ready_at(st, fresh_ready_ms(sm, item))
     if st is not None and st.s == LEASED and st.t > now:
         return "in_flight", st.t
     if ready is not None:
-        if ready <= now or (st is None and fresh_due <= now):
+        if ready <= now or (st is None and fresh_due_ms(sm, item) <= now):
             return "available", ready
         return ("scheduled" if st is None else "waiting_retry"), ready
     if st is not None and st.s in (DONE, OUTPUTS_PENDING):
@@ -181,7 +178,7 @@ def _browsed(
 ) -> BrowsedItem | None:
     st = obj.items.get(idx)
     item = seg.items[idx]
-    state, when = _classify(st, fresh_ready_ms(sm, item), now, fresh_due_ms(sm, item))
+    state, when = _classify(st, sm, item, now)
     if state not in _BROWSE_STATES:
         return None  # completed or dead-lettered: gone
     return BrowsedItem(

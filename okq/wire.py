@@ -15,7 +15,7 @@ import base64
 import binascii
 import builtins
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -154,6 +154,42 @@ class LeasedItemOut(Body):
     bytes: Payload
     utf8: str | None = Field(None, description="the payload, when it is valid UTF-8")
     meta: dict[str, Any] | None = None
+
+
+class Leased(Protocol):
+    """What the engine says of a leased item (``okq.scheduler.LeasedItem``)."""
+
+    id: str
+    token: str
+    attempts: int
+    lease_deadline_ms: int
+    produced_ms: int
+    enqueue_at_ms: int | None
+    payload: builtins.bytes
+    meta: dict[str, Any] | None
+
+
+def to_datetime(value_ms: int) -> datetime:
+    """A time in ms since the epoch as the wire shows it (UTC)."""
+    return datetime.fromtimestamp(value_ms / 1000, UTC)
+
+
+def utf8_or_none(payload: builtins.bytes) -> str | None:
+    """The payload as text, when it is valid UTF-8."""
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def leased_item_out(i: Leased) -> LeasedItemOut:
+    """A leased item as the wire shows it: what HTTP clients and workers get."""
+    return LeasedItemOut(
+        id=i.id, token=i.token, attempts=i.attempts,
+        lease_deadline=to_datetime(i.lease_deadline_ms), produced_at=to_datetime(i.produced_ms),
+        enqueue_at=None if i.enqueue_at_ms is None else to_datetime(i.enqueue_at_ms),
+        bytes=i.payload, utf8=utf8_or_none(i.payload), meta=i.meta,
+    )
 
 
 class LeaseResponse(Body):

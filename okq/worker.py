@@ -32,10 +32,10 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from okq.errors import InvalidRequest, LeaseLost, OkqError, Overloaded, StorageError, TooLarge
-from okq.wire import LeasedItemOut
+from okq.wire import LeasedItemOut, leased_item_out, to_datetime
 
 if TYPE_CHECKING:
-    from okq.engine import Engine, LeasedItem
+    from okq.engine import Engine
     from okq.model import QueueConfig
 
 log = logging.getLogger("okq.worker")
@@ -83,23 +83,6 @@ class Queues(Protocol):
         """The queue's settings."""
 
 
-def leased_out(item: LeasedItem) -> LeasedItemOut:
-    """An engine's leased item as the wire shows it (what a handler receives)."""
-    try:
-        utf8: str | None = item.payload.decode()
-    except UnicodeDecodeError:
-        utf8 = None
-    enqueue_at = None if item.enqueue_at_ms is None else _datetime(item.enqueue_at_ms)
-    return LeasedItemOut(id=item.id, token=item.token, attempts=item.attempts,
-                         lease_deadline=_datetime(item.lease_deadline_ms),
-                         produced_at=_datetime(item.produced_ms), enqueue_at=enqueue_at,
-                         bytes=item.payload, utf8=utf8, meta=item.meta)
-
-
-def _datetime(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, UTC)
-
-
 class EngineQueues:
     """An ``Engine`` in this process as ``Queues``: ``Worker(EngineQueues(engine), ...)``
     is a worker in library mode. The engine's own checks apply (ranges, batch sizes,
@@ -113,11 +96,11 @@ class EngineQueues:
                     request_timeout: float = 0.0) -> list[LeasedItemOut]:
         items = await self.engine.lease(queue, batch_size, lease_timeout=lease_timeout,
                                         wait=request_timeout)
-        return [leased_out(i) for i in items]
+        return [leased_item_out(i) for i in items]
 
     async def renew(self, queue: str, token: str,
                     lease_timeout: float | None = None) -> datetime:
-        return _datetime(await self.engine.renew(token, lease_timeout, queue=queue))
+        return to_datetime(await self.engine.renew(token, lease_timeout, queue=queue))
 
     async def complete(self, queue: str, tokens: Sequence[str]) -> int:
         await self.engine.complete(tokens, queue=queue)

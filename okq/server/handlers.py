@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from okq import wire as s
-from okq.engine import BrowsedItem, LeasedItem, QueueInfo
+from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import InvalidRequest, OkqError
 from okq.keys import manifests_prefix
 from okq.model import QueueConfig
@@ -41,15 +41,7 @@ def ms(value: datetime | None) -> int | None:
     return int(value.timestamp() * 1000)
 
 
-def dt(value_ms: int) -> datetime:
-    return datetime.fromtimestamp(value_ms / 1000, UTC)
-
-
-def text(payload: bytes) -> str | None:
-    try:
-        return payload.decode()
-    except UnicodeDecodeError:
-        return None
+dt, text = s.to_datetime, s.utf8_or_none
 
 
 async def parse(request: web.Request, model: type[M]) -> M:
@@ -113,15 +105,6 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _leased(i: LeasedItem) -> s.LeasedItemOut:
-    return s.LeasedItemOut(
-        id=i.id, token=i.token, attempts=i.attempts, lease_deadline=dt(i.lease_deadline_ms),
-        produced_at=dt(i.produced_ms),
-        enqueue_at=dt(i.enqueue_at_ms) if i.enqueue_at_ms is not None else None,
-        bytes=i.payload, utf8=text(i.payload), meta=i.meta,
-    )
-
-
 def _info(i: QueueInfo) -> s.QueueInfoOut:
     c = i.config
     return s.QueueInfoOut(
@@ -167,7 +150,7 @@ async def lease(request: web.Request) -> web.Response:
     request.app[METRICS].batch.labels("lease").observe(len(items))
     request.app[METRICS].items.labels("leased").inc(len(items))
     return respond(request, s.LeaseResponse(queue_name=body.queue_name,
-                                            items=[_leased(i) for i in items]))
+                                            items=[s.leased_item_out(i) for i in items]))
 
 
 def _client_gone(request: web.Request) -> bool:

@@ -10,7 +10,8 @@ Modes:
   another writer (another engine, a compactor) that writes the same object
   before the caller can re-read it. The caller's re-read then finds someone
   else's version on top of its own landed write: the case where "my nonce is
-  not there" does not mean "my write did not land";
+  not there" does not mean "my write did not land". A write that does not
+  land (it lost its condition) leaves the rule armed for the next one;
 * ``crash`` — raises :class:`SimulatedCrash`, a BaseException that okq's code
   does not catch, standing for the process dying at that call (before it);
 * ``latency`` — the call is delayed by ``delay`` seconds, then proceeds.
@@ -149,12 +150,24 @@ class FaultyStore:
             await fn()
             raise StorageError(f"injected ambiguous {op} {key} (it landed)", key=key)
         elif mode == "overtaken" and write and rule is not None and rule.then is not None:
-            await fn()
+            try:
+                await fn()
+            except BaseException:
+                self._unspend(rule)  # it did not land: nothing to overtake yet
+                raise
             await self._overtake(rule, rule.then, key)
             raise StorageError(
                 f"injected overtaken {op} {key} (it landed, then another writer wrote)", key=key
             )
         return await fn()
+
+    def _unspend(self, rule: Rule) -> None:
+        """Give an ``overtaken`` rule back the use a write that did not land took
+        (a lost condition, say): the fault is "it landed, then ...", so it waits
+        for a write that lands."""
+        if rule.times >= 0:
+            rule.times += 1
+        self.injected.pop()
 
     @staticmethod
     async def _overtake(rule: Rule, hook: Hook, key: str) -> None:

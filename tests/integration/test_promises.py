@@ -19,56 +19,24 @@ import pytest
 from compactor import Compactor, CompactorOptions
 from okq import Engine, ManualClock, NewItem, QueueConfig
 from okq.clock import OffsetClock
-from okq.errors import LeaseLost, Overloaded, QueueNotFound, StorageError
+from okq.errors import LeaseLost, Overloaded, QueueNotFound
 from okq.keys import lease_key, manifest_key
 from okq.model import DEAD, decode_lease, decode_manifest
 from okq.store import CountingStore, FaultyStore, SimulatedCrash, Store, list_all
-from okq.store.base import Blob, ListPage, ObjectInfo
 from tests.engines import make_engine
 
 pytestmark = pytest.mark.parametrize("kind", ["memory", "file"])
 
 
-class Overtaken:
-    """A store whose next PUT to a key containing ``match`` lands, then lets
-    another writer act (``then``) before the caller sees an error: the reply was
-    lost, and someone wrote on top before the caller could re-read."""
+def overtake(store: FaultyStore, match: str, then: Callable[[], Awaitable[object]]) -> None:
+    """The next PUT to a key containing ``match`` lands, then another writer acts
+    (``then``), then the caller sees an error: the reply was lost, and someone
+    wrote on top before the caller could re-read."""
+    store.inject("put", "overtaken", key=match, then=lambda key: then())
 
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.armed: tuple[str, Callable[[], Awaitable[object]]] | None = None
-        self.fired = 0
 
-    def arm(self, match: str, then: Callable[[], Awaitable[object]]) -> None:
-        self.armed = (match, then)
-
-    async def put(self, key: str, data: bytes, *, if_match: str | None = None,
-                  if_none_match: bool = False) -> str:
-        etag = await self.inner.put(key, data, if_match=if_match, if_none_match=if_none_match)
-        if self.armed is not None and self.armed[0] in key:
-            _, then = self.armed
-            self.armed = None
-            await then()
-            self.fired += 1
-            raise StorageError(f"reply to PUT {key} lost (it landed)", key=key)
-        return etag
-
-    async def get(self, key: str) -> Blob:
-        return await self.inner.get(key)
-
-    async def head(self, key: str) -> ObjectInfo:
-        return await self.inner.head(key)
-
-    async def delete(self, key: str, *, if_match: str | None = None) -> None:
-        await self.inner.delete(key, if_match=if_match)
-
-    async def list(self, prefix: str, *, start_after: str | None = None,
-                   limit: int = 1000) -> ListPage:
-        return await self.inner.list(prefix, start_after=start_after, limit=limit)
-
-    async def close(self) -> None:
-        await self.inner.close()
+def fired(store: FaultyStore) -> int:
+    return sum(1 for *_, mode in store.injected if mode == "overtaken")
 
 
 async def drain(e: Engine, queue: str) -> list[bytes]:
@@ -85,13 +53,13 @@ async def drain(e: Engine, queue: str) -> list[bytes]:
 
 async def test_overwritten_ambiguous_publish_is_published_once(store: Store) -> None:
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     a, b = make_engine(flaky, clock), make_engine(store, clock)
     await a.create_queue("q")
     await a.produce("q", [b"warm"])  # a's manifest cache is warm
-    flaky.arm(manifest_key("default", "q"), lambda: b.produce("q", [b"from-b"]))
+    overtake(flaky, manifest_key("default", "q"), lambda: b.produce("q", [b"from-b"]))
     ids = await a.produce("q", [b"a1", b"a2", b"a3", b"a4"])
-    assert flaky.fired == 1 and len(ids) == 4
+    assert fired(flaky) == 1 and len(ids) == 4
     m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
     assert len({s.id for s in m.segments}) == len(m.segments) == 3
     assert m.produced == 6
@@ -105,7 +73,7 @@ async def test_publish_overwritten_by_a_compactor_merge_is_published_once(
     compactor pass merges segments. A segment is never merged before every
     publisher's deadline for it has passed, so the re-apply finds it listed."""
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     a, b = make_engine(flaky, clock), make_engine(store, clock)
     compactor = Compactor(make_engine(store, clock), clock=clock,
                           options=CompactorOptions(safety_age=3600, lease_grace=60))
@@ -116,7 +84,7 @@ async def test_publish_overwritten_by_a_compactor_merge_is_published_once(
         await b.produce("q", [b"from-b"])
         await compactor.run_once()
 
-    flaky.arm(manifest_key("default", "q"), other_writers)
+    overtake(flaky, manifest_key("default", "q"), other_writers)
     await a.produce("q", [b"a1", b"a2", b"a3", b"a4"])
     for _ in range(3):  # later passes, long after every deadline
         clock.advance(600)
@@ -130,7 +98,7 @@ async def test_publish_overwritten_by_a_compactor_merge_is_published_once(
 
 async def test_overwritten_ambiguous_lease_returns_its_items(store: Store) -> None:
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     a, b = make_engine(flaky, clock), make_engine(store, clock)
     await a.create_queue("q", QueueConfig(max_attempts=1))
     await a.produce("q", [b"first", b"second"])
@@ -139,9 +107,9 @@ async def test_overwritten_ambiguous_lease_returns_its_items(store: Store) -> No
     async def b_leases() -> None:
         taken.extend(i.payload for i in await b.lease("q", 1))
 
-    flaky.arm("/leases/q/", b_leases)
+    overtake(flaky, "/leases/q/", b_leases)
     got = await a.lease("q", 1)
-    assert flaky.fired == 1
+    assert fired(flaky) == 1
     assert [i.payload for i in got] == [b"first"]  # a's own lease, recognised
     assert taken == [b"second"]
     await a.complete([got[0].token])
@@ -151,13 +119,13 @@ async def test_overwritten_ambiguous_lease_returns_its_items(store: Store) -> No
 
 async def test_overwritten_ambiguous_retry_reports_what_it_did(store: Store) -> None:
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     a, b = make_engine(flaky, clock), make_engine(store, clock)
     await a.create_queue("q")
     await a.produce("q", [b"first", b"second"])
     (first,) = await a.lease("q", 1)
     (second,) = await b.lease("q", 1)
-    flaky.arm("/leases/q/", lambda: b.complete([second.token]))
+    overtake(flaky, "/leases/q/", lambda: b.complete([second.token]))
     await a.retry(first.token, error="try again")  # landed: no lease_lost
     again = await b.lease("q", 1)
     assert [i.payload for i in again] == [b"first"] and again[0].attempts == 2
@@ -362,11 +330,11 @@ async def test_raised_max_attempts_counts_at_once(store: Store) -> None:
 
 async def test_overwritten_ambiguous_purge_spares_later_produces(store: Store) -> None:
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     a, b = make_engine(flaky, clock), make_engine(store, clock)
     await a.create_queue("q")
     await a.produce("q", [b"old"])
-    flaky.arm(manifest_key("default", "q"), lambda: b.produce("q", [b"after the purge"]))
+    overtake(flaky, manifest_key("default", "q"), lambda: b.produce("q", [b"after the purge"]))
     await a.purge("q")
     assert await drain(make_engine(store, clock), "q") == [b"after the purge"]
 
@@ -374,11 +342,11 @@ async def test_overwritten_ambiguous_purge_spares_later_produces(store: Store) -
 async def test_publish_purged_before_its_re_read_is_not_published_again(
         store: Store) -> None:
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     a, b = make_engine(flaky, clock), make_engine(store, clock)
     await a.create_queue("q")
     await a.produce("q", [b"warm"])
-    flaky.arm(manifest_key("default", "q"), lambda: b.purge("q"))
+    overtake(flaky, manifest_key("default", "q"), lambda: b.purge("q"))
     await a.produce("q", [b"purged"])  # landed, then purged: a success, and gone
     await b.produce("q", [b"new"])
     assert await drain(make_engine(store, clock), "q") == [b"new"]
@@ -417,7 +385,7 @@ async def test_a_dead_letter_move_does_not_hold_the_queue(store: Store) -> None:
     """Moving an item to the dead-letter queue (a produce there, with its linger
     and CAS) happens after the lease walk lets go of the queue's lock."""
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     e = make_engine(flaky, clock)
     await e.create_queue("dlq")
     await e.create_queue("q", QueueConfig(max_attempts=1, lease_timeout=5, dead_queue="dlq"))
@@ -431,7 +399,7 @@ async def test_a_dead_letter_move_does_not_hold_the_queue(store: Store) -> None:
         got = await asyncio.wait_for(e.lease("q", 1), 5)
         other.extend(i.payload for i in got)
 
-    flaky.arm(manifest_key("default", "dlq"), another_lease_meanwhile)
+    overtake(flaky, manifest_key("default", "dlq"), another_lease_meanwhile)
     assert [i.payload for i in await e.lease("q", 1)] == [b"fine-1"]
     assert other == [b"fine-2"]
     (dead,) = await e.lease("dlq", 1)
@@ -463,14 +431,14 @@ async def test_redrive_to_a_queue_deleted_meanwhile_keeps_the_dead_letter(
     """The source queue goes away between the redrive's check and its publish:
     the dead letter waits in the dead queue again, it is not dropped."""
     clock = ManualClock()
-    flaky = Overtaken(store)
+    flaky = FaultyStore(store)
     e, other = make_engine(flaky, clock), make_engine(store, clock)
     await e.create_queue("dlq")
     await e.create_queue("q", QueueConfig(dead_queue="dlq"))
     await e.produce("q", [b"job"])
     (item,) = await e.lease("q", 1)
     await e.retry(item.token, dead=True, error="boom")
-    flaky.arm("/leases/dlq/", lambda: other.delete_queue("q"))
+    overtake(flaky, "/leases/dlq/", lambda: other.delete_queue("q"))
     with pytest.raises(QueueNotFound):
         await e.redrive("dlq")
     clock.advance(61)
