@@ -90,6 +90,7 @@ def serve(**flags: Any) -> None:
 
 async def run_node(settings: Settings) -> None:
     from okq.server.app import create_app
+    from okq.server.state import advertise
 
     store = open_store(settings.store, endpoint_url=settings.endpoint_url)
     app = create_app(settings, store)
@@ -101,6 +102,7 @@ async def run_node(settings: Settings) -> None:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         port = sockets[0].getsockname()[1] if sockets else settings.port
+        advertise(app, settings.host, port)
         logging.getLogger("okq").info(
             "okq listening on http://%s:%s (store %s, namespace %s)",
             settings.host, port, store.url, settings.namespace,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,11 @@ class EngineOptions:
     # Lease objects holding leases re-read per lease call at most: long-running
     # jobs in many segments must not make every lease cost a GET per segment.
     lease_state_reads: int = 4
+    # How old a cached manifest or lease object may be on the lease path of a
+    # queue whose writes all come through this process (it holds the queue's
+    # sequencer role): others' writes are rare (the compactor, a node that could
+    # not reach the holder), so an idle long poll re-reads only this often.
+    trusted_max_age: float = 15.0
 
 
 class QueueRuntime:
@@ -139,6 +144,9 @@ class Runtime:
         self.segments = SegmentCache(options.segment_cache_bytes)
         self.stopping = False
         self.cas_conflicts = 0  # lost CAS races, for metrics
+        # Whether this process writes all of a queue's changes (sequencer mode):
+        # its caches of that queue may then be trusted for longer.
+        self.trusted: Callable[[str], bool] = lambda queue: False
 
     def queue(self, name: str, field_name: str = "queue") -> QueueRuntime:
         """The queue's runtime, made on first use (the name is checked)."""
@@ -163,6 +171,23 @@ class Runtime:
         )
         q = self.queues[name] = QueueRuntime(name, cell, pub)
         return q
+
+    def max_ages(self, q: QueueRuntime) -> tuple[float, float]:
+        """How old the lease path may take the queue's manifest and its lease
+        objects holding leases (seconds): longer while this process is trusted
+        to write all of the queue's changes."""
+        o = self.opts
+        if self.trusted(q.name):
+            return o.trusted_max_age, o.trusted_max_age
+        return o.manifest_max_age, o.lease_state_max_age
+
+    def forget_cached(self, which: Callable[[str], bool]) -> None:
+        """Re-read before trusting anything cached of the queues ``which`` picks."""
+        for q in self.queues.values():
+            if which(q.name):
+                q.manifest.forget()
+                for cell in q.leases.values():
+                    cell.forget()
 
     def _conflict(self) -> None:
         self.cas_conflicts += 1

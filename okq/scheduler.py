@@ -100,7 +100,7 @@ class Scheduler:
             if items or self.rt.stopping:
                 return items
             if left <= 0:
-                if q.manifest.reads != reads:
+                if q.manifest.reads != reads or self.rt.trusted(q.name):
                     return items
                 # An empty answer rests on a fresh manifest: a produce that landed
                 # through another node a moment ago is leased now, not 0.2 s later.
@@ -118,7 +118,7 @@ class Scheduler:
         self, q: QueueRuntime, n: int, lease_timeout: float | None
     ) -> tuple[list[LeasedItem], int | None]:
         async with q.lock:
-            m, fresh_cfg = await self.rt.manifest_read(q, self.rt.opts.manifest_max_age)
+            m, fresh_cfg = await self.rt.manifest_read(q, self.rt.max_ages(q)[0])
             lease_ms = int(lease_timeout * 1000) if lease_timeout else m.config.lease_ms
             out: list[LeasedItem] = []
             next_ready: int | None = None
@@ -213,7 +213,7 @@ class Scheduler:
             cached is not None
             and cached[1].inflight
             and cell.fetched_ms is not None
-            and now - cell.fetched_ms > self.rt.opts.lease_state_max_age * 1000
+            and now - cell.fetched_ms > self.rt.max_ages(q)[1] * 1000
             and budget[0] > 0
         )
         stale = cell.fetched_ms is None or aged

@@ -154,12 +154,16 @@ class QueueService:
                              retry_after=1, queue=queue)
         self._waiting[queue] += 1
         try:
-            return await self.engine.lease(queue, batch_size, lease_timeout=lease_timeout,
-                                           wait=wait)
+            return await self._lease(queue, batch_size, lease_timeout, wait)
         finally:
             self._waiting[queue] -= 1
             if not self._waiting[queue]:
                 del self._waiting[queue]
+
+    async def _lease(self, queue: str, batch_size: int, lease_timeout: float | None,
+                     wait: float) -> list[LeasedItem]:
+        """The lease itself, once admitted (a routing front end sends it elsewhere)."""
+        return await self.engine.lease(queue, batch_size, lease_timeout=lease_timeout, wait=wait)
 
     async def give_back(self, queue: str, items: Sequence[LeasedItem]) -> None:
         """Release, uncounted, what a lease took for a caller that has gone (a worker

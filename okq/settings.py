@@ -68,6 +68,26 @@ class Settings(BaseSettings):
         10_000, ge=1, le=1_000_000,
         description="live idempotency keys per queue (kept in its manifest) before 429",
     )
+    sequencer: bool = Field(
+        False,
+        description="sequencer mode: one node per shard, elected through a role object in "
+        "the store, batches the fleet's writes; the others forward to it (docs/OPERATIONS.md)",
+    )
+    advertise_url: str | None = Field(
+        None,
+        description="the URL other nodes reach this node at, in sequencer mode "
+        "(default http://HOST:PORT of the listener)",
+    )
+    sequencer_shards: int = Field(
+        1, ge=1, le=1024,
+        description="sequencer roles: queues are spread over this many, each held by one node",
+    )
+    role_ttl: float = Field(
+        30, ge=3, le=3600,
+        description="seconds a sequencer role lasts unrenewed (renewed every third of it); "
+        "a holder that dies is replaced at once when its port refuses connections, "
+        "after this long when it hangs",
+    )
     self_check: bool = Field(True, description="check the store honours conditional writes")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
 

@@ -362,3 +362,6 @@ class RedriveResponse(Body):
 class HealthResponse(Body):
     status: str
     store: str
+    node: str | None = Field(None, description="this node's id in sequencer mode")
+    roles: list[int] = Field(default_factory=list,
+                             description="sequencer shards this node holds now")

@@ -18,7 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
+from okq.sequencer import FORWARD_PATH
 from okq.server import openapi
+from okq.server.handlers import forward
 from okq.server.middleware import errors_and_metrics
 from okq.server.routes import OPERATIONS, ROUTES
 from okq.server.state import install
@@ -35,4 +37,5 @@ def create_app(settings: Settings, store: Store, *, clock: Any = None) -> web.Ap
     for path, handler in OPERATIONS:
         app.router.add_get(path, handler)
     app.router.add_get("/openapi.json", openapi.serve)
+    app.router.add_post(FORWARD_PATH, forward)
     return app

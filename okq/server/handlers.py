@@ -13,6 +13,7 @@ import difflib
 from datetime import UTC, datetime
 from typing import Any, TypeVar, get_args
 
+import msgpack
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
@@ -23,8 +24,10 @@ from okq.errors import InvalidRequest, OkqError
 from okq.keys import manifests_prefix
 from okq.model import QueueConfig
 from okq.publisher import NewItem
+from okq.routing import RoutedService
+from okq.sequencer import SIGNATURE_HEADER, verify
 from okq.server.codec import read_body, respond
-from okq.server.state import METRICS, SERVICE, STORE
+from okq.server.state import FLEET_KEYS, METRICS, SEQUENCER, SERVICE, STORE
 from okq.service import Outputs, Retry
 
 M = TypeVar("M", bound=BaseModel)
@@ -275,7 +278,42 @@ async def health(request: web.Request) -> web.Response:
     except (OkqError, TimeoutError) as exc:
         return respond(request, s.HealthResponse(status=f"store unavailable: {exc}",
                                                  store=store.url), 503)
-    return respond(request, s.HealthResponse(status="ok", store=store.url))
+    sequencer = request.app[SEQUENCER]
+    fleet = {"node": sequencer.id, "roles": sequencer.held()} if sequencer else {}
+    return respond(request, s.HealthResponse(status="ok", store=store.url, **fleet))
+
+
+async def forward(request: web.Request) -> web.Response:
+    """A state change another node of the fleet sent to this one (sequencer mode).
+
+    Signed with the fleet's signing key; msgpack both ways. The reply carries the
+    result (``ok``) or the okq error (``err``), and whether this node holds the
+    queue's role (``held``), so a sender with an old view looks again."""
+    service, sequencer = request.app[SERVICE], request.app[SEQUENCER]
+    body = await request.read()
+    if not isinstance(service, RoutedService) or sequencer is None:
+        raise web.HTTPNotFound()
+    verify(request.app[FLEET_KEYS], body, request.headers.get(SIGNATURE_HEADER, ""))
+    try:
+        call = msgpack.unpackb(body)
+        op, queue, args = str(call["op"]), str(call["q"]), dict(call["a"])
+    except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
+        raise InvalidRequest(f"malformed forward: {exc}", field="body") from None
+    sequencer.heard_from(str(call.get("from", "")), str(call.get("url", "")))
+    reply: dict[str, Any] = {"held": sequencer.holds(queue)}
+    try:
+        reply["ok"] = await service.run_forwarded(op, queue, args,
+                                                  lambda: _client_gone(request))
+    except OkqError as exc:
+        details = {k: v for k, v in exc.details.items() if k != "key"}
+        reply["err"] = {"code": exc.code, "message": exc.message, "details": details}
+    return web.Response(body=msgpack.packb(reply, default=_plain),
+                        content_type="application/msgpack")
+
+
+def _plain(value: Any) -> Any:
+    """Details of an error that msgpack cannot pack go as their text."""
+    return str(value)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from okq.engine import Engine, QueueStats
+from okq.sequencer import Sequencer
 from okq.store import CountingStore
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -37,17 +38,20 @@ class Metrics:
         )
         self.queue_stats: dict[str, QueueStats] = {}
 
-    def watch(self, engine: Engine, store: CountingStore) -> None:
-        self.registry.register(_EngineCollector(engine, store, self))
+    def watch(self, engine: Engine, store: CountingStore,
+              sequencer: Sequencer | None = None) -> None:
+        self.registry.register(_EngineCollector(engine, store, self, sequencer))
 
 
 class _EngineCollector(Collector):
     """Reads the engine's and store's own counters at scrape time."""
 
-    def __init__(self, engine: Engine, store: CountingStore, metrics: Metrics) -> None:
+    def __init__(self, engine: Engine, store: CountingStore, metrics: Metrics,
+                 sequencer: Sequencer | None) -> None:
         self.engine = engine
         self.store = store
         self.metrics = metrics
+        self.sequencer = sequencer
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         ops = CounterMetricFamily(
@@ -68,3 +72,22 @@ class _EngineCollector(Collector):
             for state in ("available", "in_flight", "scheduled", "waiting_retry", "dead"):
                 depth.add_metric([name, state], getattr(s, state))
         yield depth
+        if self.sequencer is not None:
+            yield from _sequencer_metrics(self.sequencer)
+
+
+def _sequencer_metrics(seq: Sequencer) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    roles = GaugeMetricFamily("okq_sequencer_roles", "sequencer roles (shards) this node holds")
+    roles.add_metric([], len(seq.held()))
+    yield roles
+    forwards = CounterMetricFamily(
+        "okq_sequencer_forwards",
+        "changes sent to a sequencer by outcome: ok, error (an okq error answered), "
+        "unreachable (port refused), unknown (no answer), direct (written here instead)",
+        labels=["outcome"])
+    for outcome, n in sorted(seq.forwards.items()):
+        forwards.add_metric([outcome], n)
+    yield forwards
+    claims = CounterMetricFamily("okq_sequencer_claims", "sequencer roles this node claimed")
+    claims.add_metric([], seq.claims)
+    yield claims

@@ -9,12 +9,16 @@ here knows the routes.
 
 from __future__ import annotations
 
+import logging
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
 from okq.engine import Engine
+from okq.routing import RoutedService
+from okq.sequencer import Sequencer
 from okq.server.metrics import Metrics
 from okq.service import Admission, QueueService
 from okq.settings import Settings
@@ -27,29 +31,58 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", CountingStore)
 API_KEYS = web.AppKey("api_keys", frozenset)
+SEQUENCER: web.AppKey[Sequencer | None] = web.AppKey("sequencer")
+FLEET_KEYS = web.AppKey("fleet_keys", list)
+
+log = logging.getLogger("okq.server")
 
 
 def install(app: web.Application, settings: Settings, store: Store, *,
             clock: Any = None) -> None:
     """Put a node's state in ``app``, and its engine's start and stop in its life cycle."""
     counting = store if isinstance(store, CountingStore) else CountingStore(store)
-    engine = Engine(counting, TokenSigner(settings.keys()), namespace=settings.namespace,
+    keys = settings.keys()
+    engine = Engine(counting, TokenSigner(keys), namespace=settings.namespace,
                     clock=clock, options=settings.engine_options())
     app[SETTINGS] = settings
     app[STORE] = counting
     app[ENGINE] = engine
-    app[SERVICE] = QueueService(engine, Admission.from_settings(settings))
+    admission = Admission.from_settings(settings)
+    sequencer = None
+    if settings.sequencer:
+        sequencer = Sequencer(counting, settings.namespace, keys,
+                              shards=settings.sequencer_shards, role_ttl=settings.role_ttl,
+                              url=settings.advertise_url)
+        app[SERVICE] = RoutedService(engine, sequencer, admission)
+    else:
+        app[SERVICE] = QueueService(engine, admission)
+    app[SEQUENCER] = sequencer
+    app[FLEET_KEYS] = keys
     app[METRICS] = Metrics()
     app[API_KEYS] = settings.api_key_set()
-    app[METRICS].watch(engine, counting)
+    app[METRICS].watch(engine, counting, sequencer)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_stop_waiting)
 
 
+def advertise(app: web.Application, host: str, port: int) -> None:
+    """The node listens on ``host:port``: where other nodes reach it, unless set."""
+    sequencer = app[SEQUENCER]
+    if sequencer is not None and not sequencer.url:
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        sequencer.url = f"http://{host}:{port}"
+        log.info("sequencer mode: other nodes reach this one at %s", sequencer.url)
+
+
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    engine, settings = app[ENGINE], app[SETTINGS]
+    engine, settings, sequencer = app[ENGINE], app[SETTINGS], app[SEQUENCER]
     await engine.start(self_check=settings.self_check)
+    if sequencer is not None:
+        await sequencer.start()
     yield
+    if sequencer is not None:
+        await sequencer.stop()  # gives its roles up: another node takes them at once
     await engine.close()  # flushes pending produce batches
     await app[STORE].close()
 

@@ -1,0 +1,202 @@
+"""The queue service in sequencer mode: each change goes to its shard's holder.
+
+:class:`RoutedService` is a :class:`~okq.service.QueueService` whose state
+changes (produce, lease, renew, complete, retry, give-back, purge, queue update
+and delete) run on the node that holds the queue's sequencer role
+(``okq.sequencer``): here when this node holds it, else forwarded to the holder.
+The forwarding node checks what it can on its own first (batch sizes, tokens,
+its long-poll admission), so bad input is refused where it arrived.
+
+When the holder cannot be reached (its port refuses connections), the node
+claims the role or learns the new holder, and after a few tries runs the change
+itself: direct writes are always correct, only slower. A forward that was sent
+and got no answer is not repeated here (it may have landed): the caller gets
+``OutcomeUnknown`` (503) and retries, with idempotency keys for produce.
+
+:meth:`RoutedService.run_forwarded` is what the holder runs for a forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from okq.engine import Engine, LeasedItem, QueueInfo
+from okq.errors import InvalidRequest, StorageError
+from okq.model import QueueConfig
+from okq.publisher import NewItem
+from okq.sequencer import Sequencer, Unreachable
+from okq.service import Admission, Outputs, QueueService, Retry, RetryOutcome
+
+log = logging.getLogger("okq.routing")
+
+#: Forwards to a holder that refuses connections before the node writes directly.
+ROUTE_TRIES = 3
+#: Seconds a forwarded change (other than a long poll, which adds its wait) may take.
+FORWARD_TIMEOUT = 75.0
+
+
+def _items_out(items: Sequence[NewItem]) -> list[list[Any]]:
+    return [[i.payload, i.enqueue_at_ms, i.key, i.meta] for i in items]
+
+
+def _items_in(raw: list[list[Any]]) -> list[NewItem]:
+    return [NewItem(bytes(p), at, key, meta) for p, at, key, meta in raw]
+
+
+def _leased_in(raw: list[dict[str, Any]]) -> list[LeasedItem]:
+    return [LeasedItem(**d) for d in raw]
+
+
+def _info_out(info: QueueInfo) -> dict[str, Any]:
+    return {"name": info.name, "config": info.config.model_dump(),
+            "created_ms": info.created_ms, "segments": info.segments,
+            "produced": info.produced}
+
+
+def _info_in(raw: dict[str, Any]) -> QueueInfo:
+    return QueueInfo(name=raw["name"], config=QueueConfig(**raw["config"]),
+                     created_ms=raw["created_ms"], segments=raw["segments"],
+                     produced=raw["produced"])
+
+
+class RoutedService(QueueService):
+    """A queue service that runs each state change on its shard's sequencer."""
+
+    def __init__(self, engine: Engine, sequencer: Sequencer,
+                 admission: Admission | None = None) -> None:
+        super().__init__(engine, admission)
+        self.sequencer = sequencer
+        engine.runtime.trusted = sequencer.holds
+        sequencer.on_gain.append(self._gained)
+
+    def _gained(self, shard: int) -> None:
+        """A role was just taken: what this node cached of the shard's queues was
+        written by others, so nothing of it is trusted until read again."""
+        self.engine.runtime.forget_cached(lambda q: self.sequencer.holds(q))
+
+    async def _routed(self, queue: str, op: str, args: dict[str, Any],
+                      local: Callable[[], Awaitable[Any]], timeout: float = FORWARD_TIMEOUT,
+                      ) -> Any:
+        seq = self.sequencer
+        for _ in range(ROUTE_TRIES):
+            try:
+                url = await seq.route(queue)
+            except StorageError as exc:
+                log.info("sequencer role unreadable (%s): writing directly", exc)
+                break
+            if url is None:
+                return await local()
+            try:
+                return await seq.forward(url, op, queue, args, timeout)
+            except Unreachable:
+                seq.holder_unreachable(queue, url)
+        seq.forwards["direct"] = seq.forwards.get("direct", 0) + 1
+        return await local()
+
+    # -- the lease API, routed ------------------------------------------------------------
+    async def produce(self, queue: str, items: Sequence[NewItem]) -> list[str]:
+        self.check_batch(len(items), "items")
+        ids: list[str] = await self._routed(queue, "produce", {"items": _items_out(items)},
+                                            lambda: super(RoutedService, self).produce(queue,
+                                                                                       items))
+        return ids
+
+    async def _lease(self, queue: str, batch_size: int, lease_timeout: float | None,
+                     wait: float) -> list[LeasedItem]:
+        args = {"n": batch_size, "lt": lease_timeout, "wait": wait}
+        raw = await self._routed(
+            queue, "lease", args,
+            lambda: self._lease_here(queue, batch_size, lease_timeout, wait),
+            timeout=wait + FORWARD_TIMEOUT)
+        return raw if not raw or isinstance(raw[0], LeasedItem) else _leased_in(raw)
+
+    async def _lease_here(self, queue: str, n: int, lt: float | None,
+                          wait: float) -> list[LeasedItem]:
+        return await self.engine.lease(queue, n, lease_timeout=lt, wait=wait)
+
+    async def give_back(self, queue: str, items: Sequence[LeasedItem]) -> None:
+        await self._routed(queue, "give_back",
+                           {"items": [dataclasses.asdict(i) for i in items]},
+                           lambda: super(RoutedService, self).give_back(queue, items))
+
+    async def renew(self, queue: str, token: str, lease_timeout: float | None = None) -> int:
+        self.engine.check_tokens([token], queue, "token")
+        deadline: int = await self._routed(
+            queue, "renew", {"token": token, "lt": lease_timeout},
+            lambda: super(RoutedService, self).renew(queue, token, lease_timeout))
+        return deadline
+
+    async def complete(self, queue: str, tokens: Sequence[str],
+                       outputs: Outputs | None = None) -> list[str] | None:
+        self.check_batch(len(tokens), "tokens")
+        self.check_tokens(tokens, queue, "tokens[{n}]")
+        if outputs is not None and len(tokens) != 1:
+            raise InvalidRequest("outputs need exactly one token", field="tokens")
+        args: dict[str, Any] = {"tokens": list(tokens)}
+        if outputs is not None:
+            args["oq"], args["oitems"] = outputs.queue, _items_out(outputs.items)
+        ids: list[str] | None = await self._routed(
+            queue, "complete", args,
+            lambda: super(RoutedService, self).complete(queue, tokens, outputs))
+        return ids
+
+    async def retry(self, queue: str, retries: Sequence[Retry]) -> RetryOutcome:
+        self.check_batch(len(retries), "items")
+        self.check_tokens([r.token for r in retries], queue, "items[{n}].token")
+        raw = await self._routed(
+            queue, "retry", {"r": [dataclasses.astuple(r) for r in retries]},
+            lambda: super(RoutedService, self).retry(queue, retries))
+        return raw if isinstance(raw, RetryOutcome) else RetryOutcome(**raw)
+
+    async def purge(self, queue: str) -> None:
+        await self._routed(queue, "purge", {}, lambda: super(RoutedService, self).purge(queue))
+
+    async def update_queue(self, name: str, **changes: Any) -> QueueInfo:
+        raw = await self._routed(name, "update_queue", {"changes": changes},
+                                 lambda: super(RoutedService, self).update_queue(name, **changes))
+        return raw if isinstance(raw, QueueInfo) else _info_in(raw)
+
+    async def delete_queue(self, name: str) -> None:
+        await self._routed(name, "delete_queue", {},
+                           lambda: super(RoutedService, self).delete_queue(name))
+
+    # -- the holder's side -----------------------------------------------------------------
+    async def run_forwarded(self, op: str, queue: str, args: dict[str, Any],
+                            client_gone: Callable[[], bool]) -> Any:
+        """Run a change another node forwarded here; its result in wire form.
+
+        It runs here whether or not this node holds the role now (a sender with an
+        old view costs contention, not correctness); the reply says which."""
+        if op == "produce":
+            return await QueueService.produce(self, queue, _items_in(args["items"]))
+        if op == "lease":
+            items = await self._lease_here(queue, args["n"], args["lt"], args["wait"])
+            if items and client_gone():  # the forwarding node's caller went away
+                await QueueService.give_back(self, queue, items)
+                items = []
+            return [dataclasses.asdict(i) for i in items]
+        if op == "give_back":
+            return await QueueService.give_back(self, queue, _leased_in(args["items"]))
+        if op == "renew":
+            return await QueueService.renew(self, queue, args["token"], args["lt"])
+        if op == "complete":
+            outputs = None
+            if "oq" in args:
+                outputs = Outputs(args["oq"], _items_in(args["oitems"]))
+            return await QueueService.complete(self, queue, args["tokens"], outputs)
+        if op == "retry":
+            outcome = await QueueService.retry(self, queue, [Retry(*r) for r in args["r"]])
+            return dataclasses.asdict(outcome)
+        return await self._run_admin(op, queue, args)
+
+    async def _run_admin(self, op: str, queue: str, args: dict[str, Any]) -> Any:
+        if op == "purge":
+            return await QueueService.purge(self, queue)
+        if op == "update_queue":
+            return _info_out(await QueueService.update_queue(self, queue, **args["changes"]))
+        if op == "delete_queue":
+            return await QueueService.delete_queue(self, queue)
+        raise InvalidRequest(f"unknown forwarded operation {op!r}", field="op")

@@ -1,0 +1,395 @@
+"""Sequencer mode: one node per shard batches the fleet's writes.
+
+Without it every node writes every object it touches, and N nodes race each
+other's compare-and-swaps on a queue's manifest and head lease object: every
+lost race is a paid request, a re-read and a retry. In sequencer mode the
+queues are split into ``shards`` (a hash of the queue's name); each shard has a
+*role object* in the store naming the node that holds it. The other nodes send
+the state changes of that shard's queues (produce, lease, renew, complete,
+retry, purge, queue changes) to the holder over an internal endpoint
+(``POST /internal/v1/forward``, msgpack, signed with the fleet's signing key),
+and the holder applies them through its cells: the whole fleet shares one group
+commit per object.
+
+The role is an optimisation only. Every write is still a CAS on the bucket;
+two nodes that both believe they hold a role cost contention and nothing else,
+and a node that cannot reach a holder writes directly (today's path).
+
+The role object (``{ns}/roles/sequencer-{shard}``, msgpack)::
+
+    {"holder": node id, "url": where it is reached, "epoch": claims so far,
+     "members": {node id: url} of nodes heard from lately, "nonce": per write}
+
+Life of a role (docs/DESIGN.md, "Sequencer mode"):
+
+- *claim*: a node that needs a shard with no role object creates it (create-only);
+- *renew*: the holder rewrites it (If-Match) every third of ``role_ttl``;
+- *lapse*: a role object that has not changed for ``role_ttl`` (by the
+  observer's own monotonic clock: no clocks are compared) may be claimed with
+  If-Match on the version seen;
+- *dead holder*: a node whose forward finds the holder's port refusing
+  connections does not wait for the lapse: the holder's process is gone, and
+  the node claims at once. Nodes listed in ``members`` take turns by a hash of
+  the epoch (the first at once, the next 0.3 s later, ...) so that they do not
+  all race for the same CAS;
+- *release*: a holder that shuts down cleanly deletes its role objects.
+
+While a node holds a shard its cached manifests and lease objects of the
+shard's queues are *trusted* for ``trusted_max_age`` rather than 0.2 s: every
+write comes through it, so an idle long poll costs the store nothing but a
+re-read every ``trusted_max_age`` (see ``Runtime.trusted``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import logging
+import random
+import secrets
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgpack
+
+from okq.errors import (
+    BY_CODE,
+    CASConflict,
+    ObjectNotFound,
+    OkqError,
+    OutcomeUnknown,
+    StorageError,
+    Unauthorized,
+)
+from okq.store.base import Store
+
+log = logging.getLogger("okq.sequencer")
+
+FORWARD_PATH = "/internal/v1/forward"
+SIGNATURE_HEADER = "X-Okq-Fleet-Signature"
+#: A signed forward older or newer than this (seconds, by the receiver's clock) is refused.
+SIGNATURE_WINDOW = 120.0
+#: Gap between the turns of successive claimants of a dead holder's role.
+CLAIM_TURN = 0.3
+#: A dead holder's id is remembered this long (its process is gone for good).
+DEAD_MEMORY = 600.0
+
+
+def role_key(ns: str, shard: int) -> str:
+    return f"{ns}/roles/sequencer-{shard}"
+
+
+def shard_of(queue: str, shards: int) -> int:
+    """The shard a queue belongs to: a stable hash of its name."""
+    return zlib.crc32(queue.encode()) % shards if shards > 1 else 0
+
+
+@dataclass
+class RoleRecord:
+    holder: str
+    url: str
+    epoch: int
+    members: dict[str, str] = field(default_factory=dict)
+    nonce: str = ""
+
+    def encode(self) -> bytes:
+        return msgpack.packb(dataclasses.asdict(self))  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls, data: bytes) -> RoleRecord:
+        raw = msgpack.unpackb(data)
+        return cls(holder=str(raw["holder"]), url=str(raw["url"]), epoch=int(raw["epoch"]),
+                   members={str(k): str(v) for k, v in raw.get("members", {}).items()},
+                   nonce=str(raw.get("nonce", "")))
+
+
+@dataclass
+class _Shard:
+    """What this node knows of one shard's role."""
+
+    record: RoleRecord | None = None
+    etag: str | None = None
+    seen_at: float = 0.0  # monotonic time this version was first seen
+    held: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Unreachable(Exception):
+    """The holder's port refused the connection: nothing was sent."""
+
+
+# -- signing ----------------------------------------------------------------------
+
+
+def sign(key: bytes, body: bytes, now: float | None = None) -> str:
+    ts = f"{now if now is not None else time.time():.3f}"
+    mac = hmac.new(key, ts.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+    return f"{ts}.{mac}"
+
+
+def verify(keys: list[bytes], body: bytes, header: str, now: float | None = None) -> None:
+    """Unauthorized unless ``header`` signs ``body`` with one of ``keys``, lately."""
+    ts, _, mac = header.rpartition(".")
+    try:
+        when = float(ts)
+    except ValueError:
+        raise Unauthorized("fleet signature required") from None
+    if abs((now if now is not None else time.time()) - when) > SIGNATURE_WINDOW:
+        raise Unauthorized("fleet signature too old or from the future")
+    msg = ts.encode() + b"\n" + body
+    if not any(hmac.compare_digest(mac, hmac.new(k, msg, hashlib.sha256).hexdigest())
+               for k in keys):
+        raise Unauthorized("bad fleet signature")
+
+
+class Sequencer:
+    """This node's view of the sequencer roles, and its forwarding client."""
+
+    def __init__(self, store: Store, namespace: str, keys: list[bytes], *,
+                 shards: int = 1, role_ttl: float = 30.0, url: str | None = None,
+                 node_id: str | None = None) -> None:
+        self.store = store
+        self.ns = namespace
+        self.keys = keys
+        self.shards = shards
+        self.ttl = role_ttl
+        self.url = url or ""
+        self.id = node_id or secrets.token_hex(6)
+        self._shards = [_Shard() for _ in range(shards)]
+        self._dead: dict[str, float] = {}  # holder id -> when its port refused us
+        self._members: dict[str, tuple[str, float]] = {}  # id -> (url, last heard)
+        self._session: aiohttp.ClientSession | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self.on_gain: list[Callable[[int], None]] = []
+        self.forwards: dict[str, int] = {}  # outcome -> count, for metrics
+        self.claims = 0
+        self.stopping = False
+
+    # -- life -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
+        self._renewer = asyncio.ensure_future(self._renew_loop())
+
+    async def stop(self) -> None:
+        """Stop renewing and give the roles up, so another node takes them at once."""
+        self.stopping = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+        for n, sh in enumerate(self._shards):
+            if sh.held and sh.etag is not None:
+                sh.held = False
+                try:
+                    await self.store.delete(role_key(self.ns, n), if_match=sh.etag)
+                except (StorageError, OSError) as exc:
+                    log.info("could not release sequencer role %d: %s", n, exc)
+        if self._session is not None:
+            await self._session.close()
+
+    def held(self) -> list[int]:
+        return [n for n, sh in enumerate(self._shards) if sh.held]
+
+    def holds(self, queue: str) -> bool:
+        return self._shards[shard_of(queue, self.shards)].held
+
+    def heard_from(self, node: str, url: str) -> None:
+        """A forward came from ``node``: it is a member for the next renewals."""
+        if node and url:
+            self._members[node] = (url, time.monotonic())
+
+    # -- routing ----------------------------------------------------------------------
+    async def route(self, queue: str) -> str | None:
+        """Where the queue's changes go: None for here, else the holder's URL."""
+        n = shard_of(queue, self.shards)
+        sh = self._shards[n]
+        if sh.held:
+            return None
+        rec = sh.record
+        if rec is not None and rec.holder not in self._dead and not self._lapsed(sh):
+            return rec.url
+        await self._resolve(n)
+        if sh.held or sh.record is None:
+            return None
+        return sh.record.url
+
+    def _lapsed(self, sh: _Shard) -> bool:
+        return sh.record is not None and time.monotonic() - sh.seen_at > self.ttl
+
+    def holder_unreachable(self, queue: str, url: str) -> None:
+        """A forward to ``url`` found nobody listening: its holder is gone."""
+        sh = self._shards[shard_of(queue, self.shards)]
+        if sh.record is not None and sh.record.url == url:
+            self._dead[sh.record.holder] = time.monotonic()
+            log.warning("sequencer %s at %s refuses connections: claiming its role",
+                        sh.record.holder, url)
+
+    def stale_view(self, queue: str) -> None:
+        """The node we forwarded to says it does not hold the role: read it again."""
+        sh = self._shards[shard_of(queue, self.shards)]
+        if not sh.held:
+            sh.record = None
+
+    async def _resolve(self, n: int) -> None:
+        """Learn the shard's holder from the store; claim the role when it has none,
+        when it lapsed or when its holder is dead."""
+        sh = self._shards[n]
+        async with sh.lock:
+            if sh.held or (sh.record is not None and sh.record.holder not in self._dead
+                           and not self._lapsed(sh)):
+                return  # resolved by another request meanwhile
+            for _ in range(5):
+                if await self._resolve_once(n, sh):
+                    return
+            log.warning("sequencer role %d: could not settle a holder; writing directly", n)
+
+    async def _resolve_once(self, n: int, sh: _Shard) -> bool:
+        rec, etag = await self._read(n, sh)
+        if rec is None:
+            return await self._claim(n, sh, None, None)
+        if rec.holder == self.id:
+            sh.held = True
+            return True
+        dead = rec.holder in self._dead
+        if not dead and not self._lapsed(sh):
+            return True  # a live holder: forward to it
+        await asyncio.sleep(self._turn(rec) * CLAIM_TURN)
+        _, etag2 = await self._read(n, sh)
+        if etag2 != etag:
+            return False  # someone claimed or renewed meanwhile: look again
+        return await self._claim(n, sh, rec, etag)
+
+    def _turn(self, rec: RoleRecord) -> int:
+        """This node's place among the claimants of a dead holder's role."""
+        others = [m for m in rec.members if m != rec.holder and m not in self._dead]
+        order = sorted(others, key=lambda m: hashlib.sha256(f"{rec.epoch}:{m}".encode())
+                       .hexdigest())
+        return min(order.index(self.id) if self.id in order else len(order), 5)
+
+    async def _read(self, n: int, sh: _Shard) -> tuple[RoleRecord | None, str | None]:
+        try:
+            blob = await self.store.get(role_key(self.ns, n))
+        except ObjectNotFound:
+            sh.record, sh.etag = None, None
+            return None, None
+        if blob.etag != sh.etag:
+            sh.seen_at = time.monotonic()
+        try:
+            rec = RoleRecord.decode(blob.data)
+        except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
+            log.warning("sequencer role %d unreadable (%s): claiming it", n, exc)
+            rec = RoleRecord(holder="", url="", epoch=0)
+            self._dead[""] = time.monotonic()
+        sh.record, sh.etag = rec, blob.etag
+        return rec, blob.etag
+
+    async def _claim(self, n: int, sh: _Shard, old: RoleRecord | None,
+                     etag: str | None) -> bool:
+        if not self.url:
+            return True  # cannot be reached: never hold a role; write directly
+        rec = RoleRecord(holder=self.id, url=self.url, epoch=(old.epoch + 1) if old else 1,
+                         members=self._live_members(), nonce=secrets.token_hex(8))
+        if not await self._write(n, sh, rec, etag):
+            return False
+        self.claims += 1
+        log.info("holding sequencer role %d (epoch %d)", n, rec.epoch)
+        for fn in self.on_gain:
+            fn(n)
+        return True
+
+    async def _write(self, n: int, sh: _Shard, rec: RoleRecord, etag: str | None) -> bool:
+        """Write the role object over version ``etag`` (absent: None); True when ours."""
+        key, data = role_key(self.ns, n), rec.encode()
+        try:
+            if etag is None:
+                new = await self.store.put(key, data, if_none_match=True)
+            else:
+                new = await self.store.put(key, data, if_match=etag)
+        except CASConflict:
+            return False
+        except StorageError:  # ambiguous: ours if the object now carries our nonce
+            current, _ = await self._read(n, sh)
+            ok = current is not None and current.nonce == rec.nonce
+            sh.held = ok
+            return ok
+        sh.record, sh.etag, sh.seen_at, sh.held = rec, new, time.monotonic(), True
+        return True
+
+    def _live_members(self) -> dict[str, str]:
+        now = time.monotonic()
+        for node, (_, heard) in list(self._members.items()):
+            if now - heard > 2 * self.ttl:
+                del self._members[node]
+        for node, when in list(self._dead.items()):
+            if now - when > DEAD_MEMORY:
+                del self._dead[node]
+        members = {node: url for node, (url, _) in self._members.items()
+                   if node not in self._dead}
+        members[self.id] = self.url
+        return members
+
+    async def _renew_loop(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(self.ttl / 3 * random.uniform(0.9, 1.0))
+            for n, sh in enumerate(self._shards):
+                if sh.held:
+                    await self._renew(n, sh)
+
+    async def _renew(self, n: int, sh: _Shard) -> None:
+        old = sh.record
+        assert old is not None
+        rec = dataclasses.replace(old, members=self._live_members(), nonce=secrets.token_hex(8))
+        try:
+            ok = await self._write(n, sh, rec, sh.etag)
+        except (StorageError, OSError) as exc:
+            log.warning("could not renew sequencer role %d: %s", n, exc)
+            return  # try again next time; the role lapses only after role_ttl
+        if not ok:
+            log.warning("lost sequencer role %d: another node holds it", n)
+            sh.held, sh.record = False, None
+
+    # -- forwarding ---------------------------------------------------------------------
+    async def forward(self, url: str, op: str, queue: str, args: dict[str, Any],
+                      timeout: float) -> Any:
+        """Run ``op`` on the node at ``url``; its result, or the okq error it raised.
+
+        Unreachable when nothing listens there (nothing was sent: safe to do it
+        elsewhere); OutcomeUnknown when the request was sent and no answer came.
+        """
+        assert self._session is not None, "sequencer not started"
+        body = msgpack.packb({"op": op, "q": queue, "a": args, "from": self.id,
+                              "url": self.url})
+        headers = {SIGNATURE_HEADER: sign(self.keys[0], body),
+                   "Content-Type": "application/msgpack"}
+        try:
+            async with self._session.post(url + FORWARD_PATH, data=body, headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                reply = msgpack.unpackb(await resp.read())
+        except aiohttp.ClientConnectorError as exc:
+            self._count("unreachable")
+            raise Unreachable(str(exc)) from exc
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            self._count("unknown")
+            raise OutcomeUnknown(
+                f"the sequencer node went away while handling this {op}: its outcome is "
+                "unknown; retrying is safe (produce with idempotency keys)", queue=queue,
+            ) from exc
+        if not reply.get("held", True):
+            self.stale_view(queue)
+        if "err" in reply:
+            self._count("error")
+            err = reply["err"]
+            cls = BY_CODE.get(str(err.get("code")), OkqError)
+            raise cls(str(err.get("message")), **dict(err.get("details") or {}))
+        self._count("ok")
+        return reply.get("ok")
+
+    def _count(self, outcome: str) -> None:
+        self.forwards[outcome] = self.forwards.get(outcome, 0) + 1
+
