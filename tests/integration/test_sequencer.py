@@ -1,0 +1,278 @@
+"""Sequencer mode on real aiohttp nodes in this process, on loopback, sharing one
+store: changes forwarded to the holder, errors carried back, the role claimed
+when its holder dies, hangs or leaves, and idle long polls that cost the store
+(almost) nothing. Real processes behind nginx on SeaweedFS: tests/acceptance/test_fleet.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+from aiohttp import web
+
+from okq.client import Client
+from okq.errors import InvalidToken, LeaseLost, ObjectNotFound, QueueNotFound, Unauthorized
+from okq.routing import RoutedService
+from okq.sequencer import (
+    FORWARD_PATH,
+    SIGNATURE_HEADER,
+    RoleRecord,
+    Sequencer,
+    role_key,
+    shard_of,
+    sign,
+    verify,
+)
+from okq.server.app import create_app
+from okq.server.state import SEQUENCER, SERVICE, STORE, advertise
+from okq.settings import Settings
+from okq.store import CountingStore, MemoryStore, Store
+
+KEY = "sequencer-test-key-0123456789"
+
+
+class InProcNode:
+    """A node on a loopback port, in this process."""
+
+    def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
+        self.app, self.runner, self.url = app, runner, url
+
+    @property
+    def seq(self) -> Sequencer:
+        seq = self.app[SEQUENCER]
+        assert seq is not None
+        return seq
+
+    @property
+    def store(self) -> CountingStore:
+        return self.app[STORE]
+
+    async def crash(self) -> None:
+        """Stop as a SIGKILL would, as far as others can tell: the port refuses
+        connections and the role object stays as it was."""
+        seq = self.seq
+
+        async def no_release() -> None:
+            if seq._renewer is not None:
+                seq._renewer.cancel()
+            if seq._session is not None:
+                await seq._session.close()
+
+        seq.stop = no_release  # type: ignore[method-assign]
+        await self.runner.cleanup()
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+Start = Callable[..., Awaitable[InProcNode]]
+
+
+@pytest.fixture
+async def shared() -> Store:
+    return MemoryStore()
+
+
+@pytest.fixture
+async def start_node(shared: Store) -> AsyncIterator[Start]:
+    nodes: list[InProcNode] = []
+
+    async def start(**overrides: Any) -> InProcNode:
+        settings = Settings(store="memory://", signing_keys=KEY, sequencer=True,
+                            self_check=False, linger=0.002, **overrides)
+        app = create_app(settings, shared)
+        runner = web.AppRunner(app, shutdown_timeout=1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        advertise(app, "127.0.0.1", port)
+        node = InProcNode(app, runner, f"http://127.0.0.1:{port}")
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        await node.runner.cleanup()
+
+
+def puts(node: InProcNode) -> int:
+    return node.store.requests.get("put", 0)
+
+
+async def test_changes_sent_to_any_node_are_written_by_the_holder(start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await cb.produce("jobs", [b"first"])  # b routes first: b claims the role
+        assert (b.seq.held(), a.seq.held()) == ([0], [])
+        before = puts(a)
+        await ca.produce("jobs", [b"x", b"y", b"z"])
+        leased = await ca.lease("jobs", 4, lease_timeout=30)
+        assert sorted(i.bytes for i in leased) == [b"first", b"x", b"y", b"z"]
+        await ca.renew("jobs", leased[0].token, lease_timeout=60)
+        await ca.complete("jobs", [leased[0].token, leased[1].token])
+        await ca.retry("jobs", leased[2].token)
+        assert puts(a) == before, "a forwarded every change: it wrote nothing itself"
+        assert a.seq.forwards["ok"] >= 5
+        again = await cb.lease("jobs", 4)
+        assert len(again) == 1  # the retried one; the fourth is still leased
+        st = await cb.stats("jobs")
+        assert (st.completed, st.in_flight) == (2, 2)
+
+
+async def test_errors_keep_their_kind_across_a_forward(start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await cb.create_queue("jobs")
+        await cb.produce("jobs", [b"x"])
+        (item,) = await cb.lease("jobs", 1)
+        await ca.complete("jobs", [item.token])
+        with pytest.raises(LeaseLost):
+            await ca.renew("jobs", item.token)
+        with pytest.raises(QueueNotFound):
+            await ca.produce("nope", [b"x"])
+        with pytest.raises(InvalidToken):
+            await ca.complete("jobs", [item.token[:-4] + "AAAA"])
+
+
+async def test_a_dead_holders_role_is_claimed_and_writes_resume(start_node: Start) -> None:
+    a, b, c = await start_node(), await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb, Client(c.url) as cc:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x", b"y"])
+        assert a.seq.held() == [0]
+        await cb.produce("jobs", [b"z"])  # b and c become members of a's role
+        await cc.produce("jobs", [b"w"])
+        leased = await cb.lease("jobs", 4, lease_timeout=30)
+        await a.seq._renew(0, a.seq._shards[0])  # the members reach the role object
+        await a.crash()
+        began = time.monotonic()
+        ids = await cc.produce("jobs", [b"after"])
+        took = time.monotonic() - began
+        assert ids and took < 2, f"writes resumed after {took:.2f} s"
+        assert (b.seq.held() + c.seq.held()) == [0], "exactly one of b and c took the role"
+        await cc.complete("jobs", [i.token for i in leased])  # leased before the death
+        (later,) = await cb.lease("jobs", 4)
+        assert later.bytes == b"after"
+        assert (await cb.stats("jobs")).completed == 4
+
+
+async def test_the_first_claimant_is_the_first_in_turn(start_node: Start) -> None:
+    a, b, c = await start_node(), await start_node(), await start_node()
+    rec = RoleRecord(holder=a.seq.id, url=a.url, epoch=7,
+                     members={a.seq.id: a.url, b.seq.id: b.url, c.seq.id: c.url})
+    turns = sorted([b.seq._turn(rec), c.seq._turn(rec)])
+    assert turns == [0, 1], "the dead holder is skipped; b and c take distinct turns"
+    stranger = await start_node()
+    assert stranger.seq._turn(rec) == 2  # not a member: after them
+
+
+async def test_a_holder_that_stops_renewing_is_replaced_after_the_ttl(start_node: Start) -> None:
+    a, b = await start_node(role_ttl=3), await start_node(role_ttl=3)
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])
+        assert a.seq.held() == [0]
+        assert a.seq._renewer is not None
+        a.seq._renewer.cancel()  # a hangs as far as the role goes, but still answers
+        await cb.produce("jobs", [b"y"])  # forwarded to a while the role is live
+        assert b.seq.held() == []
+        await asyncio.sleep(3.3)
+        await cb.produce("jobs", [b"z"])
+        assert b.seq.held() == [0], "b claimed the lapsed role"
+        # Both believe they hold it now: contention, nothing else.
+        await asyncio.gather(ca.produce("jobs", [b"from a"]), cb.produce("jobs", [b"from b"]))
+        got = await ca.lease("jobs", 10)
+        assert sorted(i.bytes for i in got) == [b"from a", b"from b", b"x", b"y", b"z"]
+
+
+async def test_a_clean_shutdown_gives_the_role_up(start_node: Start, shared: Store) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])
+    assert a.seq.held() == [0]
+    await a.stop()
+    with pytest.raises(ObjectNotFound):
+        await shared.get(role_key("default", 0))
+    async with Client(b.url) as cb:
+        began = time.monotonic()
+        await cb.produce("jobs", [b"y"])
+        assert time.monotonic() - began < 1
+    assert b.seq.held() == [0]
+
+
+async def test_idle_long_polls_cost_the_store_almost_nothing(start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])
+        await cb.complete("jobs", [i.token for i in await cb.lease("jobs", 1)])
+        assert a.seq.held() == [0]
+        polls = [asyncio.ensure_future(c.lease("jobs", 1, request_timeout=20))
+                 for c in (ca, ca, cb, cb)]
+        await asyncio.sleep(0.3)
+        before = a.store.total + b.store.total
+        await asyncio.sleep(3)
+        idle = a.store.total + b.store.total - before
+        assert idle <= 1, f"{idle} store requests in 3 s of idle long polls"
+        began = time.monotonic()
+        await cb.produce("jobs", [b"wake"])  # through the other node
+        done, _ = await asyncio.wait(polls, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        woke = time.monotonic() - began
+        assert done and woke < 0.5, f"a waiting lease woke after {woke:.3f} s"
+        for p in polls:
+            p.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+
+
+async def test_purge_through_another_node_empties_the_holders_view(start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x", b"y"])
+        await cb.purge("jobs")
+        assert await ca.lease("jobs", 10) == []
+        info = await cb.update_queue("jobs", lease_timeout=12)
+        assert info.lease_timeout == 12
+        await cb.delete_queue("jobs")
+        with pytest.raises(QueueNotFound):
+            await ca.produce("jobs", [b"z"])
+
+
+async def test_queues_spread_over_shards(start_node: Start) -> None:
+    a, b = await start_node(sequencer_shards=4), await start_node(sequencer_shards=4)
+    names = [f"q{n}" for n in range(12)]
+    assert {shard_of(n, 4) for n in names} == {0, 1, 2, 3}
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        for name in names:
+            await ca.create_queue(name)
+            await (ca if shard_of(name, 4) % 2 else cb).produce(name, [b"x"])
+    assert a.seq.held() == [1, 3] and b.seq.held() == [0, 2]
+
+
+async def test_forwards_must_be_signed_by_the_fleet(start_node: Start) -> None:
+    a = await start_node()
+    body = msgpack.packb({"op": "purge", "q": "jobs", "a": {}})
+    async with aiohttp.ClientSession() as http:
+        for headers in ({}, {SIGNATURE_HEADER: sign(b"another-fleet-key-000000", body)}):
+            async with http.post(a.url + FORWARD_PATH, data=body, headers=headers) as resp:
+                assert resp.status == 401, await resp.text()
+    assert isinstance(a.app[SERVICE], RoutedService)
+
+
+def test_signatures_accept_any_fleet_key_and_refuse_old_ones() -> None:
+    body = b"payload"
+    header = sign(b"old-key-0123456789", body, now=1000.0)
+    verify([b"new-key-0123456789", b"old-key-0123456789"], body, header, now=1001.0)
+    with pytest.raises(Unauthorized, match="too old"):
+        verify([b"old-key-0123456789"], body, header, now=1000.0 + 3600)
+    with pytest.raises(Unauthorized, match="bad fleet signature"):
+        verify([b"old-key-0123456789"], b"other", header, now=1001.0)
