@@ -91,7 +91,9 @@ class RoutedService(QueueService):
                 return await local()
             try:
                 return await seq.forward(url, op, queue, args, timeout)
-            except Unreachable:
+            except Unreachable as exc:
+                if not exc.refused:
+                    break  # maybe alive but out of reach: write directly, claim nothing
                 seq.holder_unreachable(queue, url)
         seq.forwards["direct"] = seq.forwards.get("direct", 0) + 1
         return await local()

@@ -77,6 +77,8 @@ SIGNATURE_HEADER = "X-Okq-Fleet-Signature"
 SIGNATURE_WINDOW = 120.0
 #: Gap between the turns of successive claimants of a dead holder's role.
 CLAIM_TURN = 0.3
+#: Seconds to connect to a holder before writing directly instead.
+CONNECT_TIMEOUT = 2.0
 #: A dead holder's id is remembered this long (its process is gone for good).
 DEAD_MEMORY = 600.0
 
@@ -121,7 +123,13 @@ class _Shard:
 
 
 class Unreachable(Exception):
-    """The holder's port refused the connection: nothing was sent."""
+    """No connection to the holder: nothing was sent. ``refused`` when its port
+    refused it (the process is gone), not when connecting timed out (a partition
+    or a busy host: it may be alive)."""
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 # -- signing ----------------------------------------------------------------------
@@ -367,13 +375,15 @@ class Sequencer:
                               "url": self.url})
         headers = {SIGNATURE_HEADER: sign(self.keys[0], body),
                    "Content-Type": "application/msgpack"}
+        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)
         try:
             async with self._session.post(url + FORWARD_PATH, data=body, headers=headers,
-                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                                          timeout=limits) as resp:
                 reply = msgpack.unpackb(await resp.read())
-        except aiohttp.ClientConnectorError as exc:
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             self._count("unreachable")
-            raise Unreachable(str(exc)) from exc
+            refused = isinstance(exc, aiohttp.ClientConnectorError)
+            raise Unreachable(str(exc), refused=refused) from exc
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self._count("unknown")
             raise OutcomeUnknown(
