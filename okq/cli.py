@@ -14,6 +14,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from okq.commands import Ctx, register
+from okq.commands.fleet import fleet
 from okq.errors import OkqError
 from okq.settings import Settings
 from okq.store import open_store
@@ -118,6 +119,7 @@ async def run_node(settings: Settings) -> None:
 
 
 register(main)  # the commands that talk to a node: okq/commands/
+main.add_command(fleet)  # a local fleet: okq/localfleet.py
 
 
 if __name__ == "__main__":
