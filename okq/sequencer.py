@@ -72,11 +72,17 @@ from okq.store.base import Store
 log = logging.getLogger("okq.sequencer")
 
 FORWARD_PATH = "/internal/v1/forward"
+#: The forward message's format; a node answers another version with a refusal
+#: that makes the sender write directly (mixed versions during an upgrade).
+FORWARD_VERSION = 1
 SIGNATURE_HEADER = "X-Okq-Fleet-Signature"
 #: A signed forward older or newer than this (seconds, by the receiver's clock) is refused.
 SIGNATURE_WINDOW = 120.0
 #: Gap between the turns of successive claimants of a dead holder's role.
 CLAIM_TURN = 0.3
+#: Answers of a node that refused a forward before running it: another fleet key
+#: (401), no sequencer mode there (404), another forward version (409).
+REFUSALS = (401, 404, 409)
 #: Seconds to connect to a holder before writing directly instead.
 CONNECT_TIMEOUT = 2.0
 #: A dead holder's id is remembered this long (its process is gone for good).
@@ -371,14 +377,18 @@ class Sequencer:
         elsewhere); OutcomeUnknown when the request was sent and no answer came.
         """
         assert self._session is not None, "sequencer not started"
-        body = msgpack.packb({"op": op, "q": queue, "a": args, "from": self.id,
-                              "url": self.url})
+        body = msgpack.packb({"v": FORWARD_VERSION, "op": op, "q": queue, "a": args,
+                              "from": self.id, "url": self.url})
         headers = {SIGNATURE_HEADER: sign(self.keys[0], body),
                    "Content-Type": "application/msgpack"}
         limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)
         try:
             async with self._session.post(url + FORWARD_PATH, data=body, headers=headers,
                                           timeout=limits) as resp:
+                if resp.status in REFUSALS:  # refused before running: nothing was done
+                    self._count("refused")
+                    raise Unreachable(f"{url} refused the forward: HTTP {resp.status} "
+                                      f"{resp.reason}", refused=False)
                 reply = msgpack.unpackb(await resp.read())
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             self._count("unreachable")

@@ -25,7 +25,7 @@ from okq.keys import manifests_prefix
 from okq.model import QueueConfig
 from okq.publisher import NewItem
 from okq.routing import RoutedService
-from okq.sequencer import SIGNATURE_HEADER, verify
+from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, verify
 from okq.server.codec import read_body, respond
 from okq.server.state import FLEET_KEYS, METRICS, SEQUENCER, SERVICE, STORE
 from okq.service import Outputs, Retry
@@ -299,6 +299,8 @@ async def forward(request: web.Request) -> web.Response:
         op, queue, args = str(call["op"]), str(call["q"]), dict(call["a"])
     except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
         raise InvalidRequest(f"malformed forward: {exc}", field="body") from None
+    if call.get("v") != FORWARD_VERSION:
+        raise web.HTTPConflict(reason=f"forward version {call.get('v')!r} unknown here")
     sequencer.heard_from(str(call.get("from", "")), str(call.get("url", "")))
     reply: dict[str, Any] = {"held": sequencer.holds(queue)}
     try:

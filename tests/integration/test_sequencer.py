@@ -84,8 +84,9 @@ async def start_node(shared: Store) -> AsyncIterator[Start]:
     nodes: list[InProcNode] = []
 
     async def start(**overrides: Any) -> InProcNode:
-        settings = Settings(store="memory://", signing_keys=KEY, sequencer=True,
-                            self_check=False, linger=0.002, **overrides)
+        fields = {"store": "memory://", "signing_keys": KEY, "sequencer": True,
+                  "self_check": False, "linger": 0.002, **overrides}
+        settings = Settings(**fields)
         app = create_app(settings, shared)
         runner = web.AppRunner(app, shutdown_timeout=1)
         await runner.setup()
@@ -276,3 +277,25 @@ def test_signatures_accept_any_fleet_key_and_refuse_old_ones() -> None:
         verify([b"old-key-0123456789"], body, header, now=1000.0 + 3600)
     with pytest.raises(Unauthorized, match="bad fleet signature"):
         verify([b"old-key-0123456789"], b"other", header, now=1001.0)
+
+
+async def test_a_refused_forward_is_written_directly(start_node: Start) -> None:
+    a = await start_node()
+    b = await start_node(signing_keys="a-fleet-key-that-a-does-not-know")
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])  # a holds the role
+        await cb.produce("jobs", [b"y"])  # a refuses b's signature: b writes itself
+        assert b.seq.forwards.get("refused") == 1 and b.seq.forwards.get("direct") == 1
+        # b's lease is refused by a as well and walks the store itself: it sees both
+        # (a, trusting its cache, would see b's write within trusted_max_age).
+        assert sorted(i.bytes for i in await cb.lease("jobs", 5)) == [b"x", b"y"]
+
+
+async def test_another_forward_version_is_refused_before_running(start_node: Start) -> None:
+    a = await start_node()
+    body = msgpack.packb({"v": 99, "op": "purge", "q": "jobs", "a": {}})
+    async with aiohttp.ClientSession() as http:
+        headers = {SIGNATURE_HEADER: sign(KEY.encode(), body)}
+        async with http.post(a.url + FORWARD_PATH, data=body, headers=headers) as resp:
+            assert resp.status == 409, await resp.text()
