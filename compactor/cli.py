@@ -14,12 +14,14 @@ import logging
 import math
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from compactor.core import Compactor, CompactorOptions, Report, children
@@ -28,16 +30,18 @@ from okq.errors import OkqError
 from okq.keys import NAME_RE, manifests_prefix
 from okq.runtime import EngineOptions, Runtime
 from okq.settings import Settings
-from okq.store import Store, open_store
+from okq.store import CountingStore, Store, open_store
 from okq.store.selfcheck import check_conditional_writes
 
 log = logging.getLogger("okq.compactor")
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, store: CountingStore | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if store is not None:
+            r.register(_StoreCollector(store))
         self.counters = {
             name: Counter(f"okq_compactor_{name}", text, registry=r)
             for name, text in (
@@ -64,6 +68,21 @@ class Metrics:
             self.lag.labels(queue).set(lag)
         self.duration.set(report.seconds)
         self.passes.inc()
+
+
+class _StoreCollector(Collector):
+    """The compactor's object-store requests, read at scrape time (same name as a
+    node's: the bill of the fleet is the sum)."""
+
+    def __init__(self, store: CountingStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        ops = CounterMetricFamily("okq_store_requests", "object-store requests by operation",
+                                  labels=["operation"])
+        for op, n in sorted(self.store.requests.items()):
+            ops.add_metric([op], n)
+        yield ops
 
 
 class Seconds(click.types.FloatParamType):
@@ -120,11 +139,14 @@ def _settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--lease-grace", type=SECONDS, default=60.0, show_default=True,
               help="seconds a collected segment's lease object outlives it (longer than "
               "any node's request)")
+@click.option("--gc-every", type=click.IntRange(1, 100_000), default=10, show_default=True,
+              help="passes between garbage sweeps (LISTs of every queue's objects, billed "
+              "like PUTs; garbage waits --safety-age anyway)")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
               help="serve Prometheus metrics on this port (default: none)")
 @click.option("--metrics-host", default=None,
               help="address for --metrics-port [env OKQ_HOST; default: 127.0.0.1]")
-def main(once: bool, interval: float, safety_age: float, lease_grace: float,
+def main(once: bool, interval: float, safety_age: float, lease_grace: float, gc_every: int,
          all_namespaces: bool, metrics_port: int | None, metrics_host: str | None,
          **flags: Any) -> None:
     """Compact okq queues: fold tombstones, merge segments, enforce retention, collect
@@ -136,7 +158,8 @@ def main(once: bool, interval: float, safety_age: float, lease_grace: float,
     if safety_age < 120:
         log.warning("a safety age under 120 s can abort produces of nodes whose clocks lag")
     try:
-        options = CompactorOptions(safety_age=safety_age, lease_grace=lease_grace)
+        options = CompactorOptions(safety_age=safety_age, lease_grace=lease_grace,
+                                   gc_every=1 if once else gc_every)
         asyncio.run(run(settings, options, once, interval, metrics_port, all_namespaces,
                         metrics_host))
     except (OkqError, ValueError, OSError) as exc:
@@ -166,7 +189,7 @@ def _check_safety_age(safety_age: float, settings: Settings) -> None:
 async def run(settings: Settings, options: CompactorOptions, once: bool, interval: float,
               metrics_port: int | None, all_namespaces: bool = False,
               metrics_host: str | None = None) -> None:
-    store = open_store(settings.store, endpoint_url=settings.endpoint_url)
+    store = CountingStore(open_store(settings.store, endpoint_url=settings.endpoint_url))
     compactors: dict[str, Compactor] = {}
 
     def compactor_for(ns: str) -> Compactor:
@@ -177,7 +200,7 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
 
     if settings.self_check:
         await check_conditional_writes(store)
-    metrics = Metrics()
+    metrics = Metrics(store)
     host = metrics_host or settings.host
     runner = await _serve_metrics(metrics, host, metrics_port) if metrics_port else None
     stop = asyncio.Event()

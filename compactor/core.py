@@ -86,6 +86,11 @@ class CompactorOptions:
     # always finds its segment listed (docs/DESIGN.md, "Ambiguous writes").
     # Lower it only in tests that do not exercise ambiguous publishes.
     min_age: float | None = None
+    # Passes between garbage sweeps (the LISTs of each queue's segments and lease
+    # objects, and of deleted queues' objects). Garbage waits ``safety_age``
+    # anyway; listings are billed like PUTs, so an idle queue is cheaper when
+    # they are not repeated every pass.
+    gc_every: int = 1
 
     def __post_init__(self) -> None:
         """Refuse ages no pass can honour: negative, NaN or infinite seconds (an
@@ -99,6 +104,9 @@ class CompactorOptions:
             if value is not None and not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, "
                                  f"not {value!r}")
+        if not (isinstance(self.gc_every, int) and self.gc_every >= 1):
+            raise ValueError(f"gc_every must be a whole number of passes >= 1, "
+                             f"not {self.gc_every!r}")
 
 
 @dataclass
@@ -158,17 +166,22 @@ class Compactor:
         self.clock = clock or self.rt.clock or SystemClock()
         self.opts = options or CompactorOptions()
         self._last_pass: dict[str, float] = {}
+        self.passes = 0
+        self.sweeping = True  # whether this pass lists and deletes garbage
 
     # -- a whole namespace ---------------------------------------------------------
     async def run_once(self) -> Report:
         report = Report()
         began = time.monotonic()
+        self.sweeping = self.passes % self.opts.gc_every == 0
+        self.passes += 1
         for queue in await self.admin.list_queues():
             try:
                 report.add(await self.compact_queue(queue))  # .seconds is set below
             except ObjectNotFound:
                 continue  # deleted meanwhile
-        report.add(await self.collect_deleted_queues())
+        if self.sweeping:
+            report.add(await self.collect_deleted_queues())
         report.seconds = time.monotonic() - began
         return report
 
@@ -198,7 +211,8 @@ class Compactor:
                 report.merged_into += 1
                 report.items_moved += moved
         self.rt.forget_segments(queue, [*finished, *(s for _, g, _ in merged for s in g)])
-        await self._collect(queue, report)
+        if self.sweeping:
+            await self._collect(queue, report)
         self._last_pass[queue] = now_wall
         report.seconds = time.monotonic() - began
         return report

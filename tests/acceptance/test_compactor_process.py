@@ -10,18 +10,21 @@ as far; what the node adds during a test is young and stays.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
 import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from okq import Engine, ManualClock
 from okq.client import Client
 from okq.store import FileStore, list_all
 from tests.engines import make_engine
-from tests.nodes import okq_node
+from tests.nodes import free_port, okq_node
 
 PASS_LINE = re.compile(
     r"pass over namespace default: (?P<queues>\d+) queues, (?P<folded>\d+) segments folded, "
@@ -159,3 +162,50 @@ async def test_all_namespaces(tmp_path: Path) -> None:
         assert f"pass over namespace {ns}: 1 queues, 1 segments folded" in proc.stderr
     assert [i.key async for i in list_all(store, "")] == [
         "team-a/manifests/q", "team-b/manifests/q"]
+
+
+def _scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_compactor_exports_its_store_requests_and_sweeps_every_gc_every(tmp_path: Path) -> None:
+    """The compactor's object-store requests are part of the fleet's bill: exported
+    under the nodes' metric name. With ``--gc-every 3`` the LISTs of the garbage
+    sweep are paid on one pass in three."""
+    root = tmp_path / "data"
+
+    async def make_queue() -> None:
+        async with make_engine(FileStore(root), ManualClock()) as engine:
+            await engine.create_queue("q")
+
+    asyncio.run(make_queue())
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "compactor", "--store", f"file://{root}", "--interval", "0.4",
+         "--gc-every", "3", "--metrics-port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        seen: dict[float, float] = {}  # passes -> LISTs so far
+        deadline = time.monotonic() + 30
+        while len(seen) < 7 and time.monotonic() < deadline:
+            try:
+                m = _scrape(f"http://127.0.0.1:{port}/metrics")
+            except OSError:
+                time.sleep(0.05)
+                continue
+            seen.setdefault(m["okq_compactor_passes_total"],
+                            m['okq_store_requests_total{operation="list"}'])
+            assert m['okq_store_requests_total{operation="get"}'] > 0
+            time.sleep(0.02)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert len(seen) >= 7, f"too few passes seen: {seen}\n{err}"
+    passes = sorted(seen)
+    lists = [seen[b] - seen[a] for a, b in itertools.pairwise(passes)]
+    # Sweeping passes list far more than quiet ones; a scrape that lands inside a
+    # pass can move a few LISTs between neighbours, so count only the quiet minimum.
+    assert max(lists) > min(lists) and lists.count(min(lists)) >= 3, lists

@@ -18,7 +18,7 @@ from compactor import Compactor, CompactorOptions
 from okq import ManualClock
 from okq.keys import manifest_key
 from okq.model import decode_manifest
-from okq.store import Store
+from okq.store import CountingStore, Store
 from tests.engines import make_engine
 from tests.stores import StoreFactory
 
@@ -64,3 +64,25 @@ async def test_no_options_raise_the_floor_into_the_future(
     clock.advance(1)
     got = await e.lease("q", 10)
     assert sorted(g.payload for g in got) == [b"after", b"before"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5])
+def test_options_refuse_a_gc_period_that_is_not_a_whole_positive_number(value: object) -> None:
+    with pytest.raises(ValueError, match="gc_every must be a whole number"):
+        CompactorOptions(gc_every=value)  # type: ignore[arg-type]
+
+
+async def test_garbage_is_swept_every_gc_every_passes_only(store: Store) -> None:
+    """Each sweep lists every queue's segments and lease objects (LISTs, billed like
+    PUTs); with ``gc_every=3`` an idle queue is listed on passes 1 and 4 only."""
+    counting = CountingStore(store)
+    engine = await make_engine(counting, ManualClock()).start()
+    await engine.create_queue("q")
+    compactor = Compactor(engine, options=CompactorOptions(gc_every=3))
+    lists = []
+    for _ in range(4):
+        before = counting.requests["list"]
+        await compactor.run_once()
+        lists.append(counting.requests["list"] - before)
+    quiet = lists[1]
+    assert lists[2] == quiet and lists[0] > quiet and lists[3] == lists[0], lists
