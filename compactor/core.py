@@ -44,6 +44,7 @@ from okq.finishers import Finishers
 from okq.keys import (
     lease_key,
     leases_prefix,
+    manifests_prefix,
     new_segment_id,
     segment_created_ms,
     segment_key,
@@ -167,6 +168,10 @@ class Compactor:
         self.opts = options or CompactorOptions()
         self._last_pass: dict[str, float] = {}
         self.passes = 0
+        # Queues whose manifest listed no segment after a pass, by that manifest's
+        # ETag: until it changes (a produce) a pass has nothing to do there and
+        # skips even the GET, except on sweeping passes (the GC floor moves then).
+        self._quiet: dict[str, str] = {}
         self.sweeping = True  # whether this pass lists and deletes garbage
 
     # -- a whole namespace ---------------------------------------------------------
@@ -175,7 +180,11 @@ class Compactor:
         began = time.monotonic()
         self.sweeping = self.passes % self.opts.gc_every == 0
         self.passes += 1
-        for queue in await self.admin.list_queues():
+        prefix = manifests_prefix(self.ns)
+        async for info in list_all(self.store, prefix):
+            queue = info.key[len(prefix):]
+            if not self.sweeping and self._quiet.get(queue) == info.etag:
+                continue  # empty and unchanged since a pass: nothing to fold or expire
             try:
                 report.add(await self.compact_queue(queue))  # .seconds is set below
             except ObjectNotFound:
@@ -213,6 +222,12 @@ class Compactor:
         self.rt.forget_segments(queue, [*finished, *(s for _, g, _ in merged for s in g)])
         if self.sweeping:
             await self._collect(queue, report)
+        after = self.rt.manifest_cell(queue)
+        left = after.view()
+        if left is not None and not left.segments and after.etag is not None:
+            self._quiet[queue] = after.etag
+        else:
+            self._quiet.pop(queue, None)
         self._last_pass[queue] = now_wall
         report.seconds = time.monotonic() - began
         return report

@@ -166,7 +166,7 @@ class Sequencer:
     """This node's view of the sequencer roles, and its forwarding client."""
 
     def __init__(self, store: Store, namespace: str, keys: list[bytes], *,
-                 shards: int = 1, role_ttl: float = 30.0, url: str | None = None,
+                 shards: int = 1, role_ttl: float = 45.0, url: str | None = None,
                  node_id: str | None = None) -> None:
         self.store = store
         self.ns = namespace

@@ -83,7 +83,7 @@ class Settings(BaseSettings):
         description="sequencer roles: queues are spread over this many, each held by one node",
     )
     role_ttl: float = Field(
-        30, ge=3, le=3600,
+        45, ge=3, le=3600,
         description="seconds a sequencer role lasts unrenewed (renewed every third of it); "
         "a holder that dies is replaced at once when its port refuses connections, "
         "after this long when it hangs",

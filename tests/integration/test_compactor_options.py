@@ -86,3 +86,21 @@ async def test_garbage_is_swept_every_gc_every_passes_only(store: Store) -> None
         lists.append(counting.requests["list"] - before)
     quiet = lists[1]
     assert lists[2] == quiet and lists[0] > quiet and lists[3] == lists[0], lists
+
+
+async def test_a_pass_skips_an_empty_unchanged_queue_until_it_changes(store: Store) -> None:
+    """An empty queue whose manifest did not change since a pass costs the next
+    (non-sweeping) passes no GET; a produce makes the next pass look again."""
+    counting = CountingStore(store)
+    engine = await make_engine(counting, ManualClock()).start()
+    await engine.create_queue("q")
+    compactor = Compactor(engine, options=CompactorOptions(gc_every=100))
+    await compactor.run_once()  # sweeping: looks
+    gets = counting.requests["get"]
+    await compactor.run_once()
+    await compactor.run_once()
+    assert counting.requests["get"] == gets, "quiet passes read nothing"
+    await engine.produce("q", [b"x"])
+    gets = counting.requests["get"]
+    await compactor.run_once()
+    assert counting.requests["get"] > gets, "a changed manifest is read"
