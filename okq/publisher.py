@@ -19,6 +19,7 @@ key returns the first item's id instead of publishing again.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,7 @@ class Publisher:
         self._batcher: Batcher[list[NewItem], list[str]] = Batcher(
             self._publish_calls, name=f"publish {queue}", linger=linger, take=self._take)
         self.segments_written = 0
+        self.on_written: Callable[[Segment, int], None] | None = None
 
     def pending_items(self) -> int:
         return sum(len(items) for items in self._batcher.waiting())
@@ -135,6 +137,8 @@ class Publisher:
         data = encode_segment(segment)
         await self._write_segment(segment_key(self.ns, self.queue, seg_id), data)
         self.segments_written += 1
+        if self.on_written is not None:  # the first lease of it needs no GET here
+            self.on_written(segment, len(data))
         return SegmentMeta(seg_id, len(items), now, len(data))
 
     async def _publish_segment(

@@ -169,6 +169,7 @@ class Runtime:
             max_idem_keys=o.max_idem_keys,
             max_clock_skew_ms=int(o.max_clock_skew * 1000),
         )
+        pub.on_written = self.segments.put
         q = self.queues[name] = QueueRuntime(name, cell, pub)
         return q
 

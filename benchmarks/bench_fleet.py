@@ -1,0 +1,739 @@
+"""A fleet of okq nodes on SeaweedFS, with and without the sequencer. Not a test.
+
+Every fleet is a fresh ``okq.localfleet.LocalFleet`` (SeaweedFS, ``okq serve``
+nodes, the compactor; nginx only for failover) on loopback. Three phases:
+
+table     For each node count and sequencer setting: 1 KiB messages, 4 producers
+          and 4 consumers in this process spread over the nodes round-robin,
+          batches of 100. Produce ``--messages``, then lease+complete them all;
+          then a mixed phase of ``--mixed-seconds``: producers paced to ``--rate``
+          msg/s in batches of ``--mixed-batch``, consumers long-polling;
+          produce-to-lease latency p50/p99. Object-store requests per message of
+          each phase come from the nodes' ``okq_store_requests`` counters, split
+          the way S3 bills them (PUT-class = put + list, GET-class = get + head,
+          deletes free); CAS conflicts from ``okq_cas_conflicts``. Every produced
+          id must be leased and completed exactly once.
+idle      Fleets of the smallest and largest node count: the fleet's requests per
+          second at rest (one queue, no client: with the sequencer on, the role's
+          own cost, as the role is claimed on a queue's first state change), then
+          with 4 consumers long-polling (20 s) on every node; then wake latency:
+          single messages produced through node 0, time until a waiting consumer
+          has one, first with every node's consumers waiting, then (several
+          nodes) with node 0's stopped, so that the lease woken is on another node.
+failover  3 nodes, sequencer on, behind nginx, under continuous load (keyed
+          produces retried on errors, consumers leasing and completing, all of it
+          recorded for a history check). ``--kills`` times: SIGKILL the role
+          holder; time until another node reports the role, and until a produce
+          issued right after the kill is acknowledged; restart the node, settle.
+
+The compactor's own store requests are not in these figures: it exposes pass and
+segment counters only, no store-request counter.
+
+    python benchmarks/bench_fleet.py [--nodes 1,2,4] [--sequencer off,on]
+        [--messages 20000] [--phases table,idle,failover] [--kills 10]
+        [--idle-seconds 60] [--quick]
+
+``--quick`` (2,000 messages, 1 and 2 nodes, 5 s mixed, idle at 2 nodes for 10 s,
+3 kills) is a smoke test of about two and a half minutes; the full run takes about
+15 minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import random
+import signal
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from okq.client import Client
+from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
+from okq.localfleet import LocalFleet
+from okq.wire import LeasedItemOut, ProduceItem
+from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report
+from tests.nodes import live_items
+
+T = TypeVar("T")
+
+BATCH = 100
+WORKERS = 4
+PAYLOAD = b"x" * 1024
+OPS = ("put", "list", "get", "head", "delete")
+PUT_CLASS = ("put", "list")
+GET_CLASS = ("get", "head")
+#: S3 Standard request prices (us-east-1), dollars per request; DELETE is free.
+PRICE = {"put": 0.005e-3, "list": 0.005e-3, "get": 0.0004e-3, "head": 0.0004e-3, "delete": 0.0}
+MONTH = 30 * 86_400
+RETRIES = 5
+LEASE_TIMEOUT = 10.0  # failover queue: leases lost with a killed node come back soon
+
+FULL = {"nodes": "1,2,4", "messages": 20_000, "mixed_seconds": 30.0, "idle_seconds": 60.0,
+        "rest_seconds": 60.0, "samples": 50, "kills": 10}
+QUICK = {"nodes": "1,2", "messages": 2_000, "mixed_seconds": 5.0, "idle_seconds": 10.0,
+         "rest_seconds": 10.0, "samples": 15, "kills": 3}
+
+Counts = dict[str, float]
+
+
+# -- reading the nodes' counters ------------------------------------------------------
+
+
+def parse_metrics(text: str) -> Counts:
+    """``okq_store_requests`` by operation and ``okq_cas_conflicts`` from one /metrics."""
+    counts: Counts = dict.fromkeys((*OPS, "cas"), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "okq_store_requests_total":
+                counts[sample.labels["operation"]] = sample.value
+            elif sample.name == "okq_cas_conflicts_total":
+                counts["cas"] = sample.value
+    return counts
+
+
+class Meter:
+    """Reads every node's counters; ``since`` sums the fleet's deltas between reads."""
+
+    def __init__(self, http: aiohttp.ClientSession, urls: Sequence[str]) -> None:
+        self.http = http
+        self.urls = list(urls)
+
+    async def read(self) -> list[Counts]:
+        return list(await asyncio.gather(*(self._one(u) for u in self.urls)))
+
+    async def _one(self, url: str) -> Counts:
+        async with self.http.get(f"{url}/metrics") as resp:
+            return parse_metrics(await resp.text())
+
+    async def over(self, seconds: float) -> Counts:
+        """The fleet's requests per second over the next ``seconds``."""
+        before = await self.read()
+        await asyncio.sleep(seconds)
+        return {k: v / seconds for k, v in since(await self.read(), before).items()}
+
+
+def since(after: list[Counts], before: list[Counts]) -> Counts:
+    total: Counts = {}
+    for a, b in zip(after, before, strict=True):
+        for k, v in a.items():
+            total[k] = total.get(k, 0.0) + v - b.get(k, 0.0)
+    return total
+
+
+def total(counts: Counts, ops: Iterable[str] = OPS) -> float:
+    return sum(counts.get(op, 0.0) for op in ops)
+
+
+def dollars_a_month(per_second: Counts) -> float:
+    return sum(per_second.get(op, 0.0) * price for op, price in PRICE.items()) * MONTH
+
+
+# -- small helpers ----------------------------------------------------------------------
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile in milliseconds; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000
+
+
+async def until(done: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
+    """Wait until ``done()``; False if ``timeout`` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(step)
+    return True
+
+
+async def stop_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def running(workdir: Path, nodes: int, sequencer: bool, *, nginx: bool = False,
+                  node_args: Sequence[str] = ()) -> AsyncIterator[LocalFleet]:
+    """A fresh fleet. Start and stop run in a thread: they block for seconds."""
+    fleet = LocalFleet(Path(tempfile.mkdtemp(prefix="fleet-", dir=workdir)), nodes,
+                       sequencer=sequencer, nginx=nginx, node_args=tuple(node_args))
+    await asyncio.to_thread(fleet.start)
+    try:
+        yield fleet
+    finally:
+        await asyncio.to_thread(fleet.stop)
+
+
+async def claimed(fleet: LocalFleet, sequencer: bool, client: Client, queue: str) -> None:
+    """With the sequencer on, until a node holds the role. A role is claimed when a
+    node first routes a queue's state change, so an empty lease asks for it."""
+    if sequencer:
+        await client.lease(queue, 1)
+        await asyncio.to_thread(fleet.wait_holder, 60)
+
+
+@contextlib.asynccontextmanager
+async def clients_of(fleet: LocalFleet) -> AsyncIterator[list[Client]]:
+    """One client per node, in node order."""
+    clients = [Client(node.url) for node in fleet.nodes]
+    try:
+        yield clients
+    finally:
+        for c in clients:
+            await c.close()
+
+
+# -- table: throughput, latency, cost ---------------------------------------------------
+
+
+@dataclass
+class Ledger:
+    """What the clients of one queue saw: ids acknowledged, leases, completions."""
+
+    produced: list[str] = field(default_factory=list)
+    leased: Counter[str] = field(default_factory=Counter)
+    tokens: int = 0  # tokens sent to complete
+    completed: int = 0  # completions the nodes confirmed
+    errors: int = 0  # calls that failed and were retried
+
+    def problems(self) -> dict[str, int]:
+        acked = set(self.produced)
+        found = {
+            "lost": len(acked - self.leased.keys()),
+            "leased twice": sum(n - 1 for n in self.leased.values()),
+            "not acked": len(self.leased.keys() - acked),
+            "acked twice": len(self.produced) - len(acked),
+            "not completed": self.tokens - self.completed,
+            "errors": self.errors,
+        }
+        return {k: v for k, v in found.items() if v}
+
+
+async def persist(call: Callable[[], Awaitable[T]], ledger: Ledger) -> T:
+    """``call()``, retried on okq errors other than a lost lease (each one counted)."""
+    for _ in range(RETRIES - 1):
+        try:
+            return await call()
+        except LeaseLost:
+            raise
+        except OkqError:
+            ledger.errors += 1
+            await asyncio.sleep(0.1)
+    return await call()
+
+
+async def consume(client: Client, queue: str, ledger: Ledger, wait: float,
+                  seen: Callable[[list[LeasedItemOut], float], None] | None = None) -> int:
+    """One lease of up to a batch and the completion of all of it; items got."""
+    got = await persist(partial(client.lease, queue, BATCH, request_timeout=wait), ledger)
+    if seen is not None:
+        seen(got, time.perf_counter())
+    if got:
+        ledger.leased.update(i.id for i in got)
+        ledger.tokens += len(got)
+        done = await persist(partial(client.complete, queue, [i.token for i in got]), ledger)
+        ledger.completed += done  # not `+= await`: that would read the count before waiting
+    return len(got)
+
+
+async def produce_all(clients: list[Client], queue: str, messages: int,
+                      ledger: Ledger) -> float:
+    """4 producers, batches of 100; msg/s."""
+    rounds = messages // WORKERS // BATCH
+
+    async def producer(c: Client) -> None:
+        for _ in range(rounds):
+            ids = await persist(partial(c.produce, queue, [PAYLOAD] * BATCH), ledger)
+            ledger.produced.extend(ids)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(producer(clients[i % len(clients)]) for i in range(WORKERS)))
+    return rounds * WORKERS * BATCH / (time.perf_counter() - began)
+
+
+async def drain(clients: list[Client], queue: str, ledger: Ledger) -> float:
+    """4 consumers lease and complete until every acknowledged item is done; msg/s."""
+    goal = len(ledger.produced)
+    deadline = time.monotonic() + 60 + goal / 200
+
+    async def consumer(c: Client) -> None:
+        while ledger.completed < goal and time.monotonic() < deadline:
+            await consume(c, queue, ledger, 0.5)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(consumer(clients[i % len(clients)]) for i in range(WORKERS)))
+    return ledger.completed / (time.perf_counter() - began)
+
+
+async def mixed(clients: list[Client], queue: str, args: argparse.Namespace,
+                ledger: Ledger) -> list[float]:
+    """Producers paced to ``args.rate`` msg/s, consumers long-polling, until every
+    item produced is completed; produce-call-to-lease latencies in seconds."""
+    latencies: list[float] = []
+    interval = args.mixed_batch * WORKERS / args.rate
+    began = time.perf_counter()
+
+    def seen(got: list[LeasedItemOut], now: float) -> None:
+        latencies.extend(now - struct.unpack_from("d", i.bytes)[0] for i in got)
+
+    async def producer(k: int, c: Client) -> None:
+        due = began + k * interval / WORKERS
+        while due < began + args.mixed_seconds:
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            item = struct.pack("d", time.perf_counter()) + PAYLOAD[8:]
+            ids = await persist(partial(c.produce, queue, [item] * args.mixed_batch), ledger)
+            ledger.produced.extend(ids)
+            due += interval
+
+    async def consumer(c: Client) -> None:
+        while True:
+            await consume(c, queue, ledger, 5.0, seen)
+
+    n = len(clients)
+    consumers = [asyncio.create_task(consumer(clients[i % n])) for i in range(WORKERS)]
+    await asyncio.gather(*(producer(k, clients[k % n]) for k in range(WORKERS)))
+    await until(lambda: ledger.completed >= len(ledger.produced), 60 + args.mixed_seconds)
+    await stop_all(consumers)
+    return latencies
+
+
+@dataclass
+class Row:
+    nodes: int
+    sequencer: bool
+    produce: float = 0.0
+    consume: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    costs: dict[str, Counts] = field(default_factory=dict)  # per message, by phase
+    cas: float = 0.0
+    mixed_messages: int = 0
+    problems: dict[str, int] = field(default_factory=dict)
+
+
+def per_message(counts: Counts, messages: int) -> Counts:
+    return {k: v / max(1, messages) for k, v in counts.items()}
+
+
+async def table_row(nodes: int, sequencer: bool, args: argparse.Namespace,
+                    http: aiohttp.ClientSession) -> Row:
+    row = Row(nodes, sequencer)
+    async with running(args.workdir, nodes, sequencer) as fleet, clients_of(fleet) as clients:
+        meter = Meter(http, [node.url for node in fleet.nodes])
+        for queue in ("bench", "mixed"):
+            await clients[0].create_queue(queue)
+        await claimed(fleet, sequencer, clients[0], "bench")
+        bench, mix = Ledger(), Ledger()
+        marks = [await meter.read()]
+        row.produce = await produce_all(clients, "bench", args.messages, bench)
+        marks.append(await meter.read())
+        row.consume = await drain(clients, "bench", bench)
+        marks.append(await meter.read())
+        row.latencies = await mixed(clients, "mixed", args, mix)
+        marks.append(await meter.read())
+    done = len(bench.produced)
+    row.mixed_messages = len(mix.produced)
+    row.costs = {phase: per_message(since(marks[n + 1], marks[n]), count) for n, (phase, count)
+                 in enumerate((("produce", done), ("consume", done),
+                               ("mixed", row.mixed_messages)))}
+    row.cas = since(marks[3], marks[2])["cas"]
+    row.problems = Counter(bench.problems()) + Counter(mix.problems())
+    return row
+
+
+def three(row: Row, ops: Sequence[str]) -> str:
+    return " / ".join(f"{total(row.costs[p], ops):.3f}" for p in ("produce", "consume", "mixed"))
+
+
+def print_table(rows: list[Row], args: argparse.Namespace) -> None:
+    print(f"\n## Table: 1 KiB messages, {WORKERS} producers and {WORKERS} consumers over the "
+          f"nodes round-robin, batches of {BATCH}, {args.messages:,} messages; mixed phase "
+          f"{args.mixed_seconds:g} s at {args.rate:,.0f} msg/s offered in batches of "
+          f"{args.mixed_batch}; SeaweedFS\n")
+    print("| nodes | sequencer | produce msg/s | lease+complete msg/s | mixed e2e p50 / p99 "
+          "| S3 requests/msg produce / consume / mixed | PUT-class/msg p / c / m "
+          "| GET-class/msg p / c / m | CAS 412s in mixed (per 1k msg) | check |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        check = "ok" if not r.problems else ", ".join(f"{k} {v}" for k, v in r.problems.items())
+        print(f"| {r.nodes} | {'on' if r.sequencer else 'off'} | {r.produce:,.0f} "
+              f"| {r.consume:,.0f} | {pct(r.latencies, 0.5):,.0f} ms / "
+              f"{pct(r.latencies, 0.99):,.0f} ms | {three(r, OPS)} | {three(r, PUT_CLASS)} "
+              f"| {three(r, GET_CLASS)} | {r.cas:,.0f} "
+              f"({1000 * r.cas / max(1, r.mixed_messages):.2f}) | {check} |")
+    clean = sum(not r.problems for r in rows)
+    print(f"\ncheck: {clean} of {len(rows)} runs had every produced id leased and completed "
+          "exactly once, with no call retried")
+
+
+# -- idle: the cost of waiting, and how fast a produce wakes a waiting lease -----------
+
+
+@dataclass
+class Idle:
+    nodes: int
+    sequencer: bool
+    rest: Counts = field(default_factory=dict)  # requests/s of the fleet, no client
+    idle: Counts = field(default_factory=dict)  # requests/s of the fleet, idle waiters
+    passes: float = 0.0  # compactor passes during the idle window
+    # (from the produce call, from its acknowledgement) in seconds:
+    anywhere: list[tuple[float, float]] = field(default_factory=list)  # all nodes waiting
+    cross: list[tuple[float, float]] = field(default_factory=list)  # node 0's waiters gone
+
+
+async def waiter(client: Client, queue: str, seen: dict[str, float]) -> None:
+    """A consumer long-polling 20 s at a time, noting when each item came."""
+    while True:
+        try:
+            got = await client.lease(queue, 10, request_timeout=20)
+        except OkqError:
+            await asyncio.sleep(0.5)
+            continue
+        now = time.perf_counter()
+        for item in got:
+            seen[item.utf8 or ""] = now
+        if got:
+            with contextlib.suppress(OkqError):
+                await client.complete(queue, [i.token for i in got])
+
+
+async def wake(producer: Client, queue: str, seen: dict[str, float],
+               samples: int, tag: str) -> list[tuple[float, float]]:
+    """Single produces through ``producer``, one at a time: how long until some
+    waiting consumer has each one, from the produce call and from its ack."""
+    found: list[tuple[float, float]] = []
+    for k in range(samples):
+        key = f"{tag}-{k}"
+        began = time.perf_counter()
+        await producer.produce(queue, [key])
+        acked = time.perf_counter()
+        if await until(partial(seen.__contains__, key), 10, 0.005):
+            found.append((seen[key] - began, seen[key] - acked))
+        await asyncio.sleep(random.uniform(0.05, 0.25))
+    return found
+
+
+async def compactor_passes(http: aiohttp.ClientSession, url: str) -> float:
+    async with http.get(url) as resp:
+        text = await resp.text()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "okq_compactor_passes_total")
+
+
+async def idle_run(nodes: int, sequencer: bool, args: argparse.Namespace,
+                   http: aiohttp.ClientSession) -> Idle:
+    """At rest, then one idle queue with waiters on every node, then wake latency with
+    every node's waiters, then (several nodes) with node 0's stopped, so that a
+    produce through node 0 must wake a lease waiting on another node."""
+    result = Idle(nodes, sequencer)
+    async with running(args.workdir, nodes, sequencer) as fleet, clients_of(fleet) as clients:
+        meter = Meter(http, [node.url for node in fleet.nodes])
+        await clients[0].create_queue("idle")
+        await claimed(fleet, sequencer, clients[0], "idle")
+        await asyncio.sleep(args.settle)
+        result.rest = await meter.over(args.rest_seconds)
+        seen: dict[str, float] = {}
+        tasks = [[asyncio.create_task(waiter(c, "idle", seen)) for _ in range(WORKERS)]
+                 for c in clients]
+        await asyncio.sleep(args.settle)  # every consumer in its first poll
+        passes = await compactor_passes(http, fleet.compactor_metrics_url)
+        result.idle = await meter.over(args.idle_seconds)
+        result.passes = await compactor_passes(http, fleet.compactor_metrics_url) - passes
+        result.anywhere = await wake(clients[0], "idle", seen, args.samples, "any")
+        if nodes > 1:
+            await stop_all(tasks[0])
+            await asyncio.sleep(0.5)
+            result.cross = await wake(clients[0], "idle", seen, args.samples, "cross")
+        await stop_all([t for ts in tasks for t in ts])
+    return result
+
+
+def by_op(per_second: Counts) -> str:
+    return " ".join(f"{op} {per_second.get(op, 0.0):.2f}" for op in OPS
+                    if per_second.get(op, 0.0) > 0.0005) or "none"
+
+
+def latency_pair(samples: list[tuple[float, float]], which: int) -> str:
+    values = [s[which] for s in samples]
+    return f"{pct(values, 0.5):.0f} / {pct(values, 0.99):.0f}"
+
+
+def print_idle(results: list[Idle], args: argparse.Namespace) -> None:
+    print(f"\n## Idle: requests/s of the whole fleet (nodes' okq_store_requests; the "
+          f"compactor's are not exposed, only its passes), {args.rest_seconds:g} s at rest "
+          f"(one queue, no client: with the sequencer on, the role's own cost), then "
+          f"{args.idle_seconds:g} s with one idle queue and {WORKERS} consumers long-polling "
+          f"20 s on every node; S3 prices, 30-day month\n")
+    print("| nodes | sequencer | at rest req/s | at rest by op | $/month at rest "
+          "| idle queue req/s | per node | idle by op | $/month idle queue "
+          "| compactor passes |")
+    print("|---|---|---:|---|---:|---:|---:|---|---:|---:|")
+    for r in results:
+        print(f"| {r.nodes} | {'on' if r.sequencer else 'off'} | {total(r.rest):.3f} "
+              f"| {by_op(r.rest)} | {dollars_a_month(r.rest):.2f} | {total(r.idle):.3f} "
+              f"| {total(r.idle) / r.nodes:.3f} | {by_op(r.idle)} "
+              f"| {dollars_a_month(r.idle):.2f} | {r.passes:g} |")
+    print("\n## Wake: single produces through node 0; ms from the produce call (and from "
+          "its acknowledgement) until a waiting consumer has it. 'any': consumers wait on "
+          "every node, node 0's included; 'other node': node 0's consumers stopped\n")
+    print("| nodes | sequencer | any p50 / p99 | from ack | other node p50 / p99 | from ack "
+          "| samples |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r.nodes} | {'on' if r.sequencer else 'off'} "
+              f"| {latency_pair(r.anywhere, 0)} | {latency_pair(r.anywhere, 1)} "
+              f"| {latency_pair(r.cross, 0)} | {latency_pair(r.cross, 1)} "
+              f"| {len(r.anywhere)} + {len(r.cross)} |")
+
+
+# -- failover: SIGKILL the sequencer under load ----------------------------------------
+
+
+class Load:
+    """Keyed produces retried until acknowledged and consumers leasing and completing,
+    all through one URL (nginx), every outcome recorded in a ``History``. Each
+    payload carries its idempotency key, so the checker can match deliveries to keys."""
+
+    def __init__(self, client: Client, queue: str, history: History, rate: float) -> None:
+        self.client = client
+        self.queue = queue
+        self.history = history
+        self.rate = rate
+        self.producing = True
+        self.gave_up = 0
+
+    async def produce(self, keys: list[str], patience: float = 25.0) -> float:
+        """Produce until acknowledged (same keys each try); when it was acknowledged,
+        NaN if it gave up after ``patience`` seconds (less than the idempotency
+        window, so no try could have made a second item of a key)."""
+        items = [ProduceItem(bytes=key.encode().ljust(len(PAYLOAD)), key=key) for key in keys]
+        began = time.perf_counter()
+        while time.perf_counter() - began < patience:
+            try:
+                ids = await self.client.produce(self.queue, items)
+            except OkqError as exc:
+                sure = isinstance(exc, Overloaded | PublishAborted) or 400 <= exc.status < 500
+                self.history.produce_failed(keys, unknown=not sure)
+                await asyncio.sleep(0.02)
+                continue
+            self.history.produced(keys, ids)
+            return time.perf_counter()
+        self.gave_up += len(keys)
+        return float("nan")
+
+    async def producer(self, k: int, batch: int = 5) -> None:
+        interval = batch * WORKERS / self.rate
+        due = time.perf_counter() + k * interval / WORKERS
+        for n in itertools.count():
+            if not self.producing:
+                return
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            await self.produce([f"p{k}-{n}-{i}" for i in range(batch)])
+            due += interval
+
+    async def consumer(self) -> None:
+        while True:
+            invoked = time.perf_counter()
+            try:
+                got = await self.client.lease(self.queue, 10, request_timeout=2)
+            except OkqError:
+                await asyncio.sleep(0.05)
+                continue
+            for i in got:
+                self.history.delivered(i.id, i.token, i.attempts, key=i.bytes.rstrip().decode(),
+                                       invoked=invoked, deadline=i.lease_deadline.timestamp())
+            if got:
+                await self.complete(got)
+
+    async def complete(self, got: list[LeasedItemOut]) -> None:
+        """Complete a batch. A refusal names the tokens whose lease was lost; an error
+        is retried, and after one a refusal may mean the earlier try landed (unknown)."""
+        tokens = [i.token for i in got]
+        for attempt in range(RETRIES):
+            try:
+                await self.client.complete(self.queue, tokens)
+            except LeaseLost as exc:
+                refused = {f.get("index") for f in exc.details.get("failed", [])}
+                lost = UNKNOWN if attempt else REFUSED
+                for n, i in enumerate(got):
+                    self.history.completed(i.id, i.token, lost if n in refused else ACCEPTED)
+                return
+            except OkqError:
+                await asyncio.sleep(0.1)
+                continue
+            for i in got:
+                self.history.completed(i.id, i.token, ACCEPTED)
+            return
+        for i in got:
+            self.history.completed(i.id, i.token, UNKNOWN)
+
+
+@dataclass
+class Kill:
+    holder: str
+    role: float  # seconds from the kill until another node reports the role
+    write: float  # seconds from the kill until a produce issued then is acknowledged
+
+
+async def role_moved(http: aiohttp.ClientSession, urls: list[str], began: float,
+                     timeout: float = 60) -> float:
+    """Seconds from ``began`` until one of ``urls`` reports a role on GET /health."""
+    while time.perf_counter() - began < timeout:
+        for url in urls:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with http.get(f"{url}/health",
+                                    timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if (await resp.json()).get("roles"):
+                        return time.perf_counter() - began
+        await asyncio.sleep(0.01)
+    return float("nan")
+
+
+async def one_kill(fleet: LocalFleet, http: aiohttp.ClientSession, load: Load, k: int,
+                   settle: float) -> Kill:
+    holder = await asyncio.to_thread(fleet.wait_holder, 60)
+    others = [node.url for node in fleet.nodes if node is not holder]
+    began = time.perf_counter()
+    holder.kill(signal.SIGKILL)
+    role, acked = await asyncio.gather(
+        role_moved(http, others, began),
+        load.produce([f"probe-{k}"]),
+    )
+    await asyncio.to_thread(holder.restart)
+    await asyncio.sleep(settle)
+    return Kill(f"node {holder.index}", role, acked - began)
+
+
+async def failover(args: argparse.Namespace, http: aiohttp.ClientSession) -> None:
+    history = History(clock=time.perf_counter)
+    node_args = ("--idem-window", "30")  # keyed produces at this rate stay under the key cap
+    async with running(args.workdir, 3, True, nginx=True, node_args=node_args) as fleet, \
+            Client(fleet.url) as client:
+        await client.create_queue("failover", lease_timeout=LEASE_TIMEOUT)
+        await claimed(fleet, True, client, "failover")
+        load = Load(client, "failover", history, args.failover_rate)
+        tasks = [asyncio.create_task(load.producer(k)) for k in range(WORKERS)]
+        tasks += [asyncio.create_task(load.consumer()) for _ in range(WORKERS)]
+        await asyncio.sleep(args.settle)
+        kills = []
+        for k in range(args.kills):
+            kills.append(await one_kill(fleet, http, load, k, args.settle))
+            print(f"  kill {k + 1}: role moved after {kills[-1].role * 1000:,.0f} ms, "
+                  f"writes after {kills[-1].write * 1000:,.0f} ms", flush=True)
+        load.producing = False
+        await asyncio.gather(*tasks[:WORKERS])
+        # leases lost with a killed node come back after their timeout
+        await until(lambda: not history.outstanding(), 3 * LEASE_TIMEOUT + 30, 0.2)
+        await stop_all(tasks[WORKERS:])
+        live = {i.id for i in await live_items(fleet.url, "failover")}
+    print_failover(kills, history.check(LEASE_TIMEOUT), live, load.gave_up, args)
+
+
+def print_failover(kills: list[Kill], report: Report, live: set[str], gave_up: int,
+                   args: argparse.Namespace) -> None:
+    print(f"\n## Failover: 3 nodes, sequencer on, behind nginx, {args.failover_rate:g} msg/s "
+          f"of keyed produces and {WORKERS} consumers through nginx; SIGKILL of the role "
+          f"holder, restart, {args.settle:g} s to settle\n")
+    print("| kill | holder | role elsewhere ms | first produce after the kill acked ms |")
+    print("|---:|---|---:|---:|")
+    for n, k in enumerate(kills, 1):
+        print(f"| {n} | {k.holder} | {k.role * 1000:,.0f} | {k.write * 1000:,.0f} |")
+    for name, agg in (("median", statistics.median), ("max", max)):
+        print(f"| {name} | | {agg(k.role for k in kills) * 1000:,.0f} "
+              f"| {agg(k.write for k in kills) * 1000:,.0f} |")
+    print(f"\nhistory: {'ok' if report.ok else 'FAILED'}: {report.summary()}; "
+          f"{gave_up} items given up by their producer")
+    if report.lost:
+        print(f"of the {len(report.lost)} lost, {len(live & set(report.lost))} are still "
+              "in the queue (not completed within the drain)")
+    for name in ("lost", "completed_twice", "late_deliveries", "unexpected",
+                 "duplicated_keys", "early_redeliveries"):
+        if getattr(report, name):
+            print(f"  {name}: {getattr(report, name)[:10]}")
+
+
+# -- main -------------------------------------------------------------------------------
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", help="node counts for the table (1,2,4; quick: 1,2)")
+    parser.add_argument("--sequencer", default="off,on", help="off, on or off,on")
+    parser.add_argument("--messages", type=int, help="messages per throughput run (20000)")
+    parser.add_argument("--phases", default="table,idle,failover",
+                        help="any of table, idle, failover, comma-separated")
+    parser.add_argument("--mixed-seconds", type=float, help="length of the mixed phase (30)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="mixed phase msg/s offered")
+    parser.add_argument("--mixed-batch", type=int, default=BATCH, help="mixed phase produce batch")
+    parser.add_argument("--idle-nodes", help="node counts for the idle phase (the smallest "
+                        "and largest of --nodes; quick: the largest)")
+    parser.add_argument("--idle-seconds", type=float, help="idle-queue measurement (60)")
+    parser.add_argument("--rest-seconds", type=float,
+                        help="measurement with a queue but no client (60)")
+    parser.add_argument("--samples", type=int, help="wake-latency samples (50)")
+    parser.add_argument("--kills", type=int, help="SIGKILLs of the sequencer (10)")
+    parser.add_argument("--failover-rate", type=float, default=40.0,
+                        help="keyed msg/s during failover")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds to settle")
+    parser.add_argument("--quick", action="store_true", help="a smoke test of ~2 minutes")
+    args = parser.parse_args()
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.node_counts = [int(n) for n in args.nodes.split(",")]
+    if args.idle_nodes is None:  # the extremes of the table's; only the largest when quick
+        ends = {max(args.node_counts)} if args.quick else {min(args.node_counts),
+                                                             max(args.node_counts)}
+        args.idle_nodes = ",".join(map(str, sorted(ends)))
+    args.idle_counts = [int(n) for n in args.idle_nodes.split(",")]
+    args.sequencers = [{"on": True, "off": False}[s] for s in args.sequencer.split(",")]
+    return args
+
+
+async def main() -> None:
+    args = arguments()
+    phases = args.phases.split(",")
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="okq-bench-fleet-") as tmp:
+        args.workdir = Path(tmp)
+        async with aiohttp.ClientSession() as http:
+            if "table" in phases:
+                rows = []
+                for nodes in args.node_counts:
+                    for seq in args.sequencers:
+                        rows.append(await table_row(nodes, seq, args, http))
+                        print(f"  table: {nodes} nodes, sequencer {seq}: done", flush=True)
+                print_table(rows, args)
+            if "idle" in phases:
+                idle = []
+                for nodes in args.idle_counts:
+                    for seq in args.sequencers:
+                        idle.append(await idle_run(nodes, seq, args, http))
+                        print(f"  idle: {nodes} nodes, sequencer {seq}: done", flush=True)
+                print_idle(idle, args)
+            if "failover" in phases:
+                await failover(args, http)
+    print(f"\n(whole run {time.monotonic() - began:,.0f} s)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
