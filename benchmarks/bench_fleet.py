@@ -1,7 +1,8 @@
 """A fleet of okq nodes on SeaweedFS, with and without the sequencer. Not a test.
 
 Every fleet is a fresh ``okq.localfleet.LocalFleet`` (SeaweedFS, ``okq serve``
-nodes, the compactor; nginx only for failover) on loopback. Three phases:
+nodes, the compactor; nginx only for failover) on loopback. Four phases (the
+last only when asked for):
 
 table     For each node count and sequencer setting: 1 KiB messages, 4 producers
           and 4 consumers in this process spread over the nodes round-robin,
@@ -25,12 +26,18 @@ failover  3 nodes, sequencer on, behind nginx, under continuous load (keyed
           recorded for a history check). ``--kills`` times: SIGKILL the role
           holder; time until another node reports the role, and until a produce
           issued right after the kill is acknowledged; restart the node, settle.
+shards    Fleet-wide role or sharded by queue? 4 nodes, sequencer on, run with 1 and
+          with 4 shards; the table's driver (4 producers, 4 consumers, batches of
+          100, 1 KiB) over 4 queues on 4 distinct shards, queue k first written
+          through node k so that with 4 shards each node claims one. Produce
+          ``--messages``, then drain; each process's CPU seconds per phase (from
+          /proc): is the one holder's core the limit, does the work spread?
 
-The compactor's own store requests are not in these figures: it exposes pass and
-segment counters only, no store-request counter.
+The idle figures count the nodes' and the compactor's object-store requests
+(both export ``okq_store_requests``).
 
     python benchmarks/bench_fleet.py [--nodes 1,2,4] [--sequencer off,on]
-        [--messages 20000] [--phases table,idle,failover] [--kills 10]
+        [--messages 20000] [--phases table,idle,failover,shards] [--kills 10]
         [--idle-seconds 60] [--quick]
 
 ``--quick`` (2,000 messages, 1 and 2 nodes, 5 s mixed, idle at 2 nodes for 10 s,
@@ -44,6 +51,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import os
 import random
 import signal
 import statistics
@@ -66,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from okq.client import Client
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.localfleet import LocalFleet
+from okq.sequencer import shard_of
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report
 from tests.nodes import live_items
@@ -173,10 +182,11 @@ async def stop_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
 
 @contextlib.asynccontextmanager
 async def running(workdir: Path, nodes: int, sequencer: bool, *, nginx: bool = False,
-                  node_args: Sequence[str] = ()) -> AsyncIterator[LocalFleet]:
+                  node_args: Sequence[str] = (), shards: int = 1) -> AsyncIterator[LocalFleet]:
     """A fresh fleet. Start and stop run in a thread: they block for seconds."""
     fleet = LocalFleet(Path(tempfile.mkdtemp(prefix="fleet-", dir=workdir)), nodes,
-                       sequencer=sequencer, nginx=nginx, node_args=tuple(node_args))
+                       sequencer=sequencer, nginx=nginx, node_args=tuple(node_args),
+                       shards=shards)
     await asyncio.to_thread(fleet.start)
     try:
         yield fleet
@@ -392,8 +402,10 @@ def print_table(rows: list[Row], args: argparse.Namespace) -> None:
 class Idle:
     nodes: int
     sequencer: bool
-    rest: Counts = field(default_factory=dict)  # requests/s of the fleet, no client
-    idle: Counts = field(default_factory=dict)  # requests/s of the fleet, idle waiters
+    rest: Counts = field(default_factory=dict)  # requests/s of the nodes, no client
+    idle: Counts = field(default_factory=dict)  # requests/s of the nodes, idle waiters
+    rest_compactor: Counts = field(default_factory=dict)  # the compactor's, at rest
+    idle_compactor: Counts = field(default_factory=dict)  # the compactor's, idle waiters
     passes: float = 0.0  # compactor passes during the idle window
     # (from the produce call, from its acknowledgement) in seconds:
     anywhere: list[tuple[float, float]] = field(default_factory=list)  # all nodes waiting
@@ -447,16 +459,19 @@ async def idle_run(nodes: int, sequencer: bool, args: argparse.Namespace,
     result = Idle(nodes, sequencer)
     async with running(args.workdir, nodes, sequencer) as fleet, clients_of(fleet) as clients:
         meter = Meter(http, [node.url for node in fleet.nodes])
+        compactor = Meter(http, [fleet.compactor_metrics_url.removesuffix("/metrics")])
         await clients[0].create_queue("idle")
         await claimed(fleet, sequencer, clients[0], "idle")
         await asyncio.sleep(args.settle)
-        result.rest = await meter.over(args.rest_seconds)
+        result.rest, result.rest_compactor = await asyncio.gather(
+            meter.over(args.rest_seconds), compactor.over(args.rest_seconds))
         seen: dict[str, float] = {}
         tasks = [[asyncio.create_task(waiter(c, "idle", seen)) for _ in range(WORKERS)]
                  for c in clients]
         await asyncio.sleep(args.settle)  # every consumer in its first poll
         passes = await compactor_passes(http, fleet.compactor_metrics_url)
-        result.idle = await meter.over(args.idle_seconds)
+        result.idle, result.idle_compactor = await asyncio.gather(
+            meter.over(args.idle_seconds), compactor.over(args.idle_seconds))
         result.passes = await compactor_passes(http, fleet.compactor_metrics_url) - passes
         result.anywhere = await wake(clients[0], "idle", seen, args.samples, "any")
         if nodes > 1:
@@ -478,20 +493,22 @@ def latency_pair(samples: list[tuple[float, float]], which: int) -> str:
 
 
 def print_idle(results: list[Idle], args: argparse.Namespace) -> None:
-    print(f"\n## Idle: requests/s of the whole fleet (nodes' okq_store_requests; the "
-          f"compactor's are not exposed, only its passes), {args.rest_seconds:g} s at rest "
+    print(f"\n## Idle: object-store requests/s (okq_store_requests of the nodes and of "
+          f"the compactor; fleet = both), {args.rest_seconds:g} s at rest "
           f"(one queue, no client: with the sequencer on, the role's own cost), then "
           f"{args.idle_seconds:g} s with one idle queue and {WORKERS} consumers long-polling "
           f"20 s on every node; S3 prices, 30-day month\n")
-    print("| nodes | sequencer | at rest req/s | at rest by op | $/month at rest "
-          "| idle queue req/s | per node | idle by op | $/month idle queue "
-          "| compactor passes |")
-    print("|---|---|---:|---|---:|---:|---:|---|---:|---:|")
+    print("| nodes | sequencer | at rest: nodes / compactor req/s | at rest by op (nodes) "
+          "| idle queue: nodes / compactor / fleet req/s | nodes per node "
+          "| idle by op (nodes; compactor) | $/month fleet, idle queue | compactor passes |")
+    print("|---|---|---:|---|---:|---:|---|---:|---:|")
     for r in results:
-        print(f"| {r.nodes} | {'on' if r.sequencer else 'off'} | {total(r.rest):.3f} "
-              f"| {by_op(r.rest)} | {dollars_a_month(r.rest):.2f} | {total(r.idle):.3f} "
-              f"| {total(r.idle) / r.nodes:.3f} | {by_op(r.idle)} "
-              f"| {dollars_a_month(r.idle):.2f} | {r.passes:g} |")
+        fleet = {k: r.idle.get(k, 0.0) + r.idle_compactor.get(k, 0.0) for k in OPS}
+        print(f"| {r.nodes} | {'on' if r.sequencer else 'off'} "
+              f"| {total(r.rest):.3f} / {total(r.rest_compactor):.3f} | {by_op(r.rest)} "
+              f"| {total(r.idle):.3f} / {total(r.idle_compactor):.3f} / {total(fleet):.3f} "
+              f"| {total(r.idle) / r.nodes:.3f} | {by_op(r.idle)}; {by_op(r.idle_compactor)} "
+              f"| {dollars_a_month(fleet):.2f} | {r.passes:g} |")
     print("\n## Wake: single produces through node 0; ms from the produce call (and from "
           "its acknowledgement) until a waiting consumer has it. 'any': consumers wait on "
           "every node, node 0's included; 'other node': node 0's consumers stopped\n")
@@ -671,6 +688,184 @@ def print_failover(kills: list[Kill], report: Report, live: set[str], gave_up: i
             print(f"  {name}: {getattr(report, name)[:10]}")
 
 
+# -- shards: one fleet-wide sequencer role, or one role per shard of queues ------------
+
+SHARDED_NODES = 4  # nodes, queues and (in the sharded run) shards
+SHARD_COUNTS = (1, SHARDED_NODES)
+TICK = os.sysconf("SC_CLK_TCK")
+Roles = dict[str, list[int]]  # node name -> the shards it says it holds
+
+
+def spread_queues(count: int) -> list[str]:
+    """``count`` queue names, the k-th on shard k of ``count``: one queue per shard."""
+    found: dict[int, str] = {}
+    n = 0
+    while len(found) < count:
+        found.setdefault(shard_of(f"spread-{n}", count), f"spread-{n}")
+        n += 1
+    return [found[k] for k in range(count)]
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a process so far (/proc/PID/stat); NaN when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return float("nan")
+    fields = stat.rsplit(")", 1)[1].split()  # fields from the 3rd (state) on
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def machine_busy() -> float:
+    """CPU seconds all cores of the machine spent busy so far, whoever's (/proc/stat)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks[:8]) - ticks[3] - ticks[4]) / TICK  # less idle and iowait
+
+
+def cpu_of(fleet: LocalFleet) -> Counts:
+    """CPU seconds so far of every process of the fleet, of this driver and of the
+    whole machine (a shared machine: what others run shows as the difference)."""
+    used = {name: cpu_seconds(pid) for name, pid in fleet.processes().items()}
+    return {**used, "driver": time.process_time(), "machine": machine_busy()}
+
+
+def roles_of(fleet: LocalFleet) -> Roles:
+    """Each node's sequencer shards by its GET /health (blocking)."""
+    return {f"node {node.index}": node.roles() for node in fleet.nodes}
+
+
+async def all_held(fleet: LocalFleet, shards: int, timeout: float = 60) -> Roles:
+    """Each node's shards once every shard has a holder (or after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        roles = await asyncio.to_thread(roles_of, fleet)
+        if sum(map(len, roles.values())) >= shards or time.monotonic() > deadline:
+            return roles
+        await asyncio.sleep(0.05)
+
+
+async def produce_spread(clients: list[Client], queues: list[str], messages: int,
+                         ledgers: list[Ledger]) -> float:
+    """4 producers, producer k on node k (round-robin), its r-th batch of 100 to queue
+    k + r (round-robin): every queue is written at once, through every node in turn."""
+    rounds = messages // WORKERS // BATCH
+
+    async def producer(k: int) -> None:
+        client = clients[k % len(clients)]
+        for r in range(rounds):
+            q = (k + r) % len(queues)
+            ids = await persist(partial(client.produce, queues[q], [PAYLOAD] * BATCH),
+                                ledgers[q])
+            ledgers[q].produced.extend(ids)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(producer(k) for k in range(WORKERS)))
+    return rounds * WORKERS * BATCH / (time.perf_counter() - began)
+
+
+async def drain_spread(clients: list[Client], queues: list[str],
+                       ledgers: list[Ledger]) -> float:
+    """4 consumers, consumer k on node k, each lease to the next queue with items left,
+    until every acknowledged item is completed; msg/s."""
+    goals = [len(ledger.produced) for ledger in ledgers]
+    deadline = time.monotonic() + 60 + sum(goals) / 200
+
+    def open_queues() -> list[int]:
+        return [q for q, ledger in enumerate(ledgers) if ledger.completed < goals[q]]
+
+    async def consumer(k: int) -> None:
+        client = clients[k % len(clients)]
+        r = k
+        while (left := open_queues()) and time.monotonic() < deadline:
+            q = left[r % len(left)]
+            await consume(client, queues[q], ledgers[q], 0.5)
+            r += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(consumer(k) for k in range(WORKERS)))
+    return sum(ledger.completed for ledger in ledgers) / (time.perf_counter() - began)
+
+
+@dataclass
+class Sharded:
+    shards: int
+    produce: float = 0.0
+    consume: float = 0.0
+    roles: Roles = field(default_factory=dict)  # after the warm-up
+    roles_after: Roles = field(default_factory=dict)  # after the drain
+    cpu: dict[str, Counts] = field(default_factory=dict)  # phase -> process -> CPU s
+    wall: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    problems: dict[str, int] = field(default_factory=dict)
+
+
+async def shards_run(shards: int, args: argparse.Namespace) -> Sharded:
+    """4 nodes, sequencer on with ``shards`` shards, 4 queues on 4 distinct shards of 4.
+    Queue k's first produce goes through node k, which so claims that queue's shard:
+    with 4 shards each node holds one, with 1 the first node holds the only one."""
+    result = Sharded(shards)
+    queues = spread_queues(SHARDED_NODES)
+    ledgers = [Ledger() for _ in queues]
+    async with running(args.workdir, SHARDED_NODES, True, shards=shards) as fleet, \
+            clients_of(fleet) as clients:
+        for queue in queues:
+            await clients[0].create_queue(queue)  # not a routed change: claims nothing
+        for k, queue in enumerate(queues):
+            ledgers[k].produced.extend(await clients[k % len(clients)].produce(queue, [PAYLOAD]))
+        result.roles = await all_held(fleet, shards)
+        marks = [(time.perf_counter(), cpu_of(fleet))]
+        result.produce = await produce_spread(clients, queues, args.messages, ledgers)
+        marks.append((time.perf_counter(), cpu_of(fleet)))
+        result.consume = await drain_spread(clients, queues, ledgers)
+        marks.append((time.perf_counter(), cpu_of(fleet)))
+        result.roles_after = await asyncio.to_thread(roles_of, fleet)
+    for n, phase in enumerate(("produce", "drain")):
+        (t0, c0), (t1, c1) = marks[n], marks[n + 1]
+        result.wall[phase] = t1 - t0
+        result.cpu[phase] = {k: c1[k] - c0[k] for k in c1}
+    result.problems = dict(sum((Counter(ledger.problems()) for ledger in ledgers), Counter()))
+    return result
+
+
+def held(roles: Roles) -> str:
+    return ", ".join(f"{node} {shards}" for node, shards in roles.items() if shards) or "none"
+
+
+def cpu_cells(r: Sharded, phase: str) -> str:
+    """Per node CPU s; the busiest node's share of one core; SeaweedFS / compactor /
+    driver CPU s; the machine's busy share of all its cores."""
+    cpu, wall = r.cpu[phase], r.wall[phase]
+    nodes = [cpu[f"node {k}"] for k in range(1, SHARDED_NODES + 1)]
+    others = " / ".join(f"{cpu.get(name, float('nan')):.1f}"
+                        for name in ("SeaweedFS", "compactor", "driver"))
+    machine = cpu["machine"] / (wall * (os.cpu_count() or 1))
+    return (f"{' / '.join(f'{c:.1f}' for c in nodes)} | {max(nodes) / wall:.0%} "
+            f"| {others} | {machine:.0%}")
+
+
+def print_shards(results: list[Sharded], args: argparse.Namespace) -> None:
+    print(f"\n## Shards: {SHARDED_NODES} nodes, sequencer on, {SHARDED_NODES} queues on "
+          f"{SHARDED_NODES} distinct shards of {SHARDED_NODES}; {WORKERS} producers and "
+          f"{WORKERS} consumers, client k on node k, each call to the next queue in turn; "
+          f"batches of {BATCH}, 1 KiB, {args.messages:,} messages produced then drained; "
+          f"queue k first written through node k; CPU from /proc over each phase; "
+          f"{os.cpu_count()} cores; SeaweedFS\n")
+    print("| shards | roles held | phase | msg/s | s | CPU s node 1 / 2 / 3 / 4 "
+          "| busiest node, of one core | CPU s SeaweedFS / compactor / driver "
+          "| machine busy | check |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in results:
+        check = "ok" if not r.problems else ", ".join(f"{k} {v}" for k, v in r.problems.items())
+        roles = held(r.roles) + ("" if r.roles_after == r.roles
+                                 else f" (after: {held(r.roles_after)})")
+        for phase, rate in (("produce", r.produce), ("lease+complete", r.consume)):
+            key = "produce" if phase == "produce" else "drain"
+            print(f"| {r.shards} | {roles} | {phase} | {rate:,.0f} | {r.wall[key]:.1f} "
+                  f"| {cpu_cells(r, key)} | {check} |")
+    clean = sum(not r.problems for r in results)
+    print(f"\ncheck: {clean} of {len(results)} runs had every produced id leased and "
+          "completed exactly once, with no call retried")
+
+
 # -- main -------------------------------------------------------------------------------
 
 
@@ -680,7 +875,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--sequencer", default="off,on", help="off, on or off,on")
     parser.add_argument("--messages", type=int, help="messages per throughput run (20000)")
     parser.add_argument("--phases", default="table,idle,failover",
-                        help="any of table, idle, failover, comma-separated")
+                        help="any of table, idle, failover, shards, comma-separated")
     parser.add_argument("--mixed-seconds", type=float, help="length of the mixed phase (30)")
     parser.add_argument("--rate", type=float, default=1000.0, help="mixed phase msg/s offered")
     parser.add_argument("--mixed-batch", type=int, default=BATCH, help="mixed phase produce batch")
@@ -732,6 +927,12 @@ async def main() -> None:
                 print_idle(idle, args)
             if "failover" in phases:
                 await failover(args, http)
+            if "shards" in phases:
+                sharded = []
+                for shards in SHARD_COUNTS:
+                    sharded.append(await shards_run(shards, args))
+                    print(f"  shards: {shards}: done", flush=True)
+                print_shards(sharded, args)
     print(f"\n(whole run {time.monotonic() - began:,.0f} s)")
 
 

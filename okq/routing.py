@@ -46,8 +46,14 @@ def _items_in(raw: list[list[Any]]) -> list[NewItem]:
     return [NewItem(bytes(p), at, key, meta) for p, at, key, meta in raw]
 
 
-def _leased_in(raw: list[dict[str, Any]]) -> list[LeasedItem]:
-    return [LeasedItem(**d) for d in raw]
+def _leased_out(items: Sequence[LeasedItem]) -> list[list[Any]]:
+    """Leased items as plain lists (``dataclasses.asdict`` deep-copies: slow)."""
+    return [[i.id, i.queue, i.token, i.attempts, i.lease_deadline_ms, i.payload,
+             i.produced_ms, i.enqueue_at_ms, i.meta] for i in items]
+
+
+def _leased_in(raw: list[list[Any]]) -> list[LeasedItem]:
+    return [LeasedItem(*fields) for fields in raw]
 
 
 def _info_out(info: QueueInfo) -> dict[str, Any]:
@@ -121,7 +127,7 @@ class RoutedService(QueueService):
 
     async def give_back(self, queue: str, items: Sequence[LeasedItem]) -> None:
         await self._routed(queue, "give_back",
-                           {"items": [dataclasses.asdict(i) for i in items]},
+                           {"items": _leased_out(items)},
                            lambda: super(RoutedService, self).give_back(queue, items))
 
     async def renew(self, queue: str, token: str, lease_timeout: float | None = None) -> int:
@@ -179,7 +185,7 @@ class RoutedService(QueueService):
             if items and client_gone():  # the forwarding node's caller went away
                 await QueueService.give_back(self, queue, items)
                 items = []
-            return [dataclasses.asdict(i) for i in items]
+            return _leased_out(items)
         if op == "give_back":
             return await QueueService.give_back(self, queue, _leased_in(args["items"]))
         if op == "renew":

@@ -25,8 +25,9 @@ Life of a role (docs/DESIGN.md, "Sequencer mode"):
 - *claim*: a node that needs a shard with no role object creates it (create-only);
 - *renew*: the holder rewrites it (If-Match) every third of ``role_ttl``;
 - *lapse*: a role object that has not changed for ``role_ttl`` (by the
-  observer's own monotonic clock: no clocks are compared) may be claimed with
-  If-Match on the version seen;
+  observer's own monotonic clock: no clocks are compared), while its holder
+  answered none of the observer's forwards, may be claimed with If-Match on
+  the version seen;
 - *dead holder*: a node whose forward finds the holder's port refusing
   connections does not wait for the lapse: the holder's process is gone, and
   the node claims at once. Nodes listed in ``members`` take turns by a hash of
@@ -244,6 +245,13 @@ class Sequencer:
             log.warning("sequencer %s at %s refuses connections: claiming its role",
                         sh.record.holder, url)
 
+    def _alive(self, queue: str, url: str) -> None:
+        """The holder at ``url`` answered that it holds the role: as good as seeing
+        it renewed, so a node with traffic never re-reads a live holder's role."""
+        sh = self._shards[shard_of(queue, self.shards)]
+        if sh.record is not None and sh.record.url == url:
+            sh.seen_at = time.monotonic()
+
     def stale_view(self, queue: str) -> None:
         """The node we forwarded to says it does not hold the role: read it again."""
         sh = self._shards[shard_of(queue, self.shards)]
@@ -400,7 +408,9 @@ class Sequencer:
                 f"the sequencer node went away while handling this {op}: its outcome is "
                 "unknown; retrying is safe (produce with idempotency keys)", queue=queue,
             ) from exc
-        if not reply.get("held", True):
+        if reply.get("held", True):
+            self._alive(queue, url)
+        else:
             self.stale_view(queue)
         if "err" in reply:
             self._count("error")
