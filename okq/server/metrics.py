@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -19,6 +25,9 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # process_cpu_seconds_total and memory: a sequencer holder's core is the
+        # first limit of a fleet (docs/OPERATIONS.md, "Sizing").
+        ProcessCollector(registry=r)
         self.requests = Counter(
             "okq_http_requests", "HTTP requests by endpoint and status",
             ["endpoint", "status"], registry=r,
