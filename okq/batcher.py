@@ -25,11 +25,12 @@ class Batcher(Generic[T, R]):
         process: Callable[[list[T]], Awaitable[list[R | BaseException]]],
         *,
         name: str,
-        linger: float = 0.0,
+        linger: float | Callable[[], float] = 0.0,
         take: Callable[[list[T]], int] | None = None,
     ) -> None:
-        """``linger``: seconds to wait for more before each batch; ``take``: how many
-        of the waiting submissions the next batch takes (at least one; all by default)."""
+        """``linger``: seconds to wait for more before each batch (or a function
+        saying how long, asked before each batch); ``take``: how many of the
+        waiting submissions the next batch takes (at least one; all by default)."""
         self.process = process
         self.name = name
         self.linger = linger
@@ -51,8 +52,9 @@ class Batcher(Generic[T, R]):
 
     async def _run(self) -> None:
         while self._pending:
-            if self.linger:
-                await asyncio.sleep(self.linger)
+            linger = self.linger() if callable(self.linger) else self.linger
+            if linger:
+                await asyncio.sleep(linger)
             n = max(1, self.take(self.waiting())) if self.take else len(self._pending)
             batch, self._pending = self._pending[:n], self._pending[n:]
             try:

@@ -1,7 +1,8 @@
 """Group commit for produce: many produce calls, one segment, one manifest CAS.
 
-Produce calls on one engine and queue are gathered for ``linger`` seconds (and
-while the previous publish is in flight) into one segment. The segment is
+Produce calls on one engine and queue are gathered for ``linger`` seconds (none
+while a lease of this engine waits for the queue's items) and while the
+previous publish is in flight, into one segment. The segment is
 written create-only under a fresh id, then published by one manifest CAS; every
 call waits for that CAS. A crash between the two leaves an unreferenced
 segment that nobody reads and the garbage collector removes.
@@ -76,7 +77,12 @@ class Publisher:
         self.max_items = max_segment_items
         self.max_bytes = max_segment_bytes
         self._batcher: Batcher[list[NewItem], list[str]] = Batcher(
-            self._publish_calls, name=f"publish {queue}", linger=linger, take=self._take)
+            self._publish_calls, name=f"publish {queue}", linger=self._linger, take=self._take)
+        self.linger = linger
+        # How many lease requests wait for this queue's items in this process: while
+        # any does, a produce is published at once (no linger): a consumer is idle,
+        # so the queue is not busy enough for a wait to gather more.
+        self.waiting: Callable[[], int] = lambda: 0
         self.segments_written = 0
         self.on_written: Callable[[Segment, int], None] | None = None
 
@@ -95,6 +101,9 @@ class Publisher:
             out.append(ids[pos : pos + len(items)])
             pos += len(items)
         return out
+
+    def _linger(self) -> float:
+        return 0.0 if self.waiting() else self.linger
 
     def _take(self, waiting: list[list[NewItem]]) -> int:
         """How many waiting calls fit one segment (at least one)."""

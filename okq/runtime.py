@@ -94,6 +94,7 @@ class QueueRuntime:
         self.leases: dict[str, Cell[LeaseObject]] = {}
         self.summaries: dict[str, tuple[bytes | None, Any]] = {}
         self.seen_ver = -1
+        self.waiters = 0  # long polls of this process waiting for the queue's items
         # Half-done items (dead-letter moves, outputs) found by a lease walk, helped
         # once the walk has let go of the queue's lock.
         self.stalled: dict[tuple[str, int], SegmentMeta] = {}
@@ -171,6 +172,7 @@ class Runtime:
         )
         pub.on_written = self.segments.put
         q = self.queues[name] = QueueRuntime(name, cell, pub)
+        pub.waiting = lambda: q.waiters
         return q
 
     def max_ages(self, q: QueueRuntime) -> tuple[float, float]:

@@ -109,10 +109,13 @@ class Scheduler:
             pause = min(left, self.rt.opts.poll_interval)
             if next_ready is not None:
                 pause = min(pause, max(0.0, (next_ready - self.rt.clock.now_ms()) / 1000))
+            q.waiters += 1
             try:
                 await asyncio.wait_for(q.wake.wait(), pause)
             except TimeoutError:
                 pass
+            finally:
+                q.waiters -= 1
 
     async def _lease_once(
         self, q: QueueRuntime, n: int, lease_timeout: float | None

@@ -65,6 +65,24 @@ async def test_group_commit_one_segment_one_cas(store: Store, clock: ManualClock
     assert (info.segments, info.produced) == (1, 20)
 
 
+async def test_a_produce_does_not_linger_while_a_lease_waits(store: Store) -> None:
+    """The linger gathers produces into one segment; while a consumer waits for the
+    queue, nothing is busy enough to gather and the produce is published at once."""
+    e = await make_engine(store, SystemClock(), linger=0.4).start()
+    await e.create_queue("q")
+    began = time.monotonic()
+    await e.produce("q", [b"alone"])
+    assert time.monotonic() - began >= 0.4, "no consumer waits: the produce lingers"
+    await e.lease("q", 1)
+    waiting = asyncio.ensure_future(e.lease("q", 1, wait=5))
+    await asyncio.sleep(0.05)
+    began = time.monotonic()
+    await e.produce("q", [b"awaited"])
+    took = time.monotonic() - began
+    (got,) = await asyncio.wait_for(waiting, 5)
+    assert got.payload == b"awaited" and took < 0.3, f"a waited-for produce took {took:.3f} s"
+
+
 async def test_idempotency_key_does_not_duplicate(engine: Engine) -> None:
     first = await engine.produce("q", [NewItem(b"x", key="order-1"), NewItem(b"y", key="order-2")])
     again = await engine.produce("q", [NewItem(b"x", key="order-1"), NewItem(b"z")])
