@@ -275,8 +275,11 @@ class Sequencer:
         rec, etag = await self._read(n, sh)
         if rec is None:
             return await self._claim(n, sh, None, None)
-        if rec.holder == self.id:
-            sh.held = True
+        if rec.holder == self.id:  # ours after all (a write we could not confirm)
+            if not sh.held:
+                sh.held = True
+                for fn in self.on_gain:
+                    fn(n)
             return True
         dead = rec.holder in self._dead
         if not dead and not self._lapsed(sh):
