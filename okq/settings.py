@@ -19,6 +19,10 @@ from okq.limits import MAX_BATCH_MAX, REQUEST_TIMEOUT_MAX
 log = logging.getLogger("okq.settings")
 
 DEFAULT_STORE = "file://./okq-data"
+#: The produce linger of a node in sequencer mode: calls forwarded by other nodes
+#: reach the holder spread by their extra hop; a wider window gathers them into
+#: one segment as one node's calls are (docs/OPERATIONS.md, "A fleet").
+SEQUENCER_LINGER = 0.01
 
 
 class Settings(BaseSettings):
@@ -48,7 +52,12 @@ class Settings(BaseSettings):
         description="comma-separated API keys; when set, every /v1 call needs "
         "'Authorization: Bearer KEY' (/health and /metrics stay open)",
     )
-    linger: float = Field(0.005, ge=0, le=1, description="seconds to gather a produce batch")
+    linger: float | None = Field(
+        None, ge=0, le=1,
+        description="seconds to gather a produce batch while no lease waits for the queue "
+        "(default 0.005; 0.01 in sequencer mode, where forwarded calls reach the holder "
+        "less together)",
+    )
     max_item_bytes: int = Field(1 << 20, ge=1, le=64 << 20, description="largest item payload")
     max_batch: int = Field(1000, ge=1, le=MAX_BATCH_MAX,
                            description="most items per produce or lease")
@@ -124,7 +133,8 @@ class Settings(BaseSettings):
 
     def engine_options(self) -> EngineOptions:
         return EngineOptions(
-            linger=self.linger,
+            linger=self.linger if self.linger is not None else (
+                SEQUENCER_LINGER if self.sequencer else EngineOptions.linger),
             max_item_bytes=self.max_item_bytes,
             max_batch=self.max_batch,
             max_wait=self.max_wait,

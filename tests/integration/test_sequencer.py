@@ -299,3 +299,9 @@ async def test_another_forward_version_is_refused_before_running(start_node: Sta
         headers = {SIGNATURE_HEADER: sign(KEY.encode(), body)}
         async with http.post(a.url + FORWARD_PATH, data=body, headers=headers) as resp:
             assert resp.status == 409, await resp.text()
+
+
+def test_a_sequencer_lingers_longer_unless_told() -> None:
+    assert Settings().engine_options().linger == 0.005
+    assert Settings(sequencer=True).engine_options().linger == 0.01
+    assert Settings(sequencer=True, linger=0.002).engine_options().linger == 0.002
