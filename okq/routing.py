@@ -83,10 +83,14 @@ class RoutedService(QueueService):
         written by others, so nothing of it is trusted until read again."""
         self.engine.runtime.forget_cached(lambda q: self.sequencer.holds(q))
 
-    async def _routed(self, queue: str, op: str, args: dict[str, Any],
+    async def _routed(self, queue: str, op: str, args: Callable[[], dict[str, Any]],
                       local: Callable[[], Awaitable[Any]], timeout: float = FORWARD_TIMEOUT,
-                      ) -> Any:
+                      check: Callable[[], None] | None = None) -> Any:
+        """Run the change where its shard's holder is. ``local`` runs it here (and
+        checks its input itself); before a forward, ``check`` refuses bad input here
+        and ``args`` builds the message, each once and only then."""
         seq = self.sequencer
+        message: dict[str, Any] | None = None
         for _ in range(ROUTE_TRIES):
             try:
                 url = await seq.route(queue)
@@ -95,28 +99,31 @@ class RoutedService(QueueService):
                 break
             if url is None:
                 return await local()
+            if message is None:
+                if check is not None:
+                    check()
+                message = args()
             try:
-                return await seq.forward(url, op, queue, args, timeout)
+                return await seq.forward(url, op, queue, message, timeout)
             except Unreachable as exc:
                 if not exc.refused:
                     break  # maybe alive but out of reach: write directly, claim nothing
                 seq.holder_unreachable(queue, url)
-        seq.forwards["direct"] = seq.forwards.get("direct", 0) + 1
+        seq.count("direct")
         return await local()
 
     # -- the lease API, routed ------------------------------------------------------------
     async def produce(self, queue: str, items: Sequence[NewItem]) -> list[str]:
-        self.check_batch(len(items), "items")
-        ids: list[str] = await self._routed(queue, "produce", {"items": _items_out(items)},
-                                            lambda: super(RoutedService, self).produce(queue,
-                                                                                       items))
+        ids: list[str] = await self._routed(
+            queue, "produce", lambda: {"items": _items_out(items)},
+            lambda: super(RoutedService, self).produce(queue, items),
+            check=lambda: self.check_batch(len(items), "items"))
         return ids
 
     async def _lease(self, queue: str, batch_size: int, lease_timeout: float | None,
                      wait: float) -> list[LeasedItem]:
-        args = {"n": batch_size, "lt": lease_timeout, "wait": wait}
         raw = await self._routed(
-            queue, "lease", args,
+            queue, "lease", lambda: {"n": batch_size, "lt": lease_timeout, "wait": wait},
             lambda: self._lease_here(queue, batch_size, lease_timeout, wait),
             timeout=wait + FORWARD_TIMEOUT)
         return raw if not raw or isinstance(raw[0], LeasedItem) else _leased_in(raw)
@@ -127,48 +134,55 @@ class RoutedService(QueueService):
 
     async def give_back(self, queue: str, items: Sequence[LeasedItem]) -> None:
         await self._routed(queue, "give_back",
-                           {"items": _leased_out(items)},
+                           lambda: {"items": _leased_out(items)},
                            lambda: super(RoutedService, self).give_back(queue, items))
 
     async def renew(self, queue: str, token: str, lease_timeout: float | None = None) -> int:
-        self.engine.check_tokens([token], queue, "token")
         deadline: int = await self._routed(
-            queue, "renew", {"token": token, "lt": lease_timeout},
-            lambda: super(RoutedService, self).renew(queue, token, lease_timeout))
+            queue, "renew", lambda: {"token": token, "lt": lease_timeout},
+            lambda: super(RoutedService, self).renew(queue, token, lease_timeout),
+            check=lambda: self.engine.check_tokens([token], queue, "token"))
         return deadline
 
     async def complete(self, queue: str, tokens: Sequence[str],
                        outputs: Outputs | None = None) -> list[str] | None:
-        self.check_batch(len(tokens), "tokens")
-        self.check_tokens(tokens, queue, "tokens[{n}]")
-        if outputs is not None and len(tokens) != 1:
-            raise InvalidRequest("outputs need exactly one token", field="tokens")
-        args: dict[str, Any] = {"tokens": list(tokens)}
-        if outputs is not None:
-            args["oq"], args["oitems"] = outputs.queue, _items_out(outputs.items)
+        def check() -> None:
+            self.check_batch(len(tokens), "tokens")
+            self.check_tokens(tokens, queue, "tokens[{n}]")
+            if outputs is not None and len(tokens) != 1:
+                raise InvalidRequest("outputs need exactly one token", field="tokens")
+
+        def args() -> dict[str, Any]:
+            if outputs is None:
+                return {"tokens": list(tokens)}
+            return {"tokens": list(tokens), "oq": outputs.queue,
+                    "oitems": _items_out(outputs.items)}
+
         ids: list[str] | None = await self._routed(
             queue, "complete", args,
-            lambda: super(RoutedService, self).complete(queue, tokens, outputs))
+            lambda: super(RoutedService, self).complete(queue, tokens, outputs), check=check)
         return ids
 
     async def retry(self, queue: str, retries: Sequence[Retry]) -> RetryOutcome:
-        self.check_batch(len(retries), "items")
-        self.check_tokens([r.token for r in retries], queue, "items[{n}].token")
+        def check() -> None:
+            self.check_batch(len(retries), "items")
+            self.check_tokens([r.token for r in retries], queue, "items[{n}].token")
+
         raw = await self._routed(
-            queue, "retry", {"r": [dataclasses.astuple(r) for r in retries]},
-            lambda: super(RoutedService, self).retry(queue, retries))
+            queue, "retry", lambda: {"r": [dataclasses.astuple(r) for r in retries]},
+            lambda: super(RoutedService, self).retry(queue, retries), check=check)
         return raw if isinstance(raw, RetryOutcome) else RetryOutcome(**raw)
 
     async def purge(self, queue: str) -> None:
-        await self._routed(queue, "purge", {}, lambda: super(RoutedService, self).purge(queue))
+        await self._routed(queue, "purge", dict, lambda: super(RoutedService, self).purge(queue))
 
     async def update_queue(self, name: str, **changes: Any) -> QueueInfo:
-        raw = await self._routed(name, "update_queue", {"changes": changes},
+        raw = await self._routed(name, "update_queue", lambda: {"changes": changes},
                                  lambda: super(RoutedService, self).update_queue(name, **changes))
         return raw if isinstance(raw, QueueInfo) else _info_in(raw)
 
     async def delete_queue(self, name: str) -> None:
-        await self._routed(name, "delete_queue", {},
+        await self._routed(name, "delete_queue", dict,
                            lambda: super(RoutedService, self).delete_queue(name))
 
     # -- the holder's side -----------------------------------------------------------------

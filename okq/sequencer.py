@@ -226,13 +226,18 @@ class Sequencer:
         sh = self._shards[n]
         if sh.held:
             return None
-        rec = sh.record
-        if rec is not None and rec.holder not in self._dead and not self._lapsed(sh):
-            return rec.url
+        if self._live(sh):
+            assert sh.record is not None
+            return sh.record.url
         await self._resolve(n)
         if sh.held or sh.record is None:
             return None
         return sh.record.url
+
+    def _live(self, sh: _Shard) -> bool:
+        """Whether the shard has a holder known to be alive: not dead, not lapsed."""
+        return (sh.record is not None and sh.record.holder not in self._dead
+                and not self._lapsed(sh))
 
     def _lapsed(self, sh: _Shard) -> bool:
         return sh.record is not None and time.monotonic() - sh.seen_at > self.ttl
@@ -263,8 +268,7 @@ class Sequencer:
         when it lapsed or when its holder is dead."""
         sh = self._shards[n]
         async with sh.lock:
-            if sh.held or (sh.record is not None and sh.record.holder not in self._dead
-                           and not self._lapsed(sh)):
+            if sh.held or self._live(sh):
                 return  # resolved by another request meanwhile
             for _ in range(5):
                 if await self._resolve_once(n, sh):
@@ -397,16 +401,16 @@ class Sequencer:
             async with self._session.post(url + FORWARD_PATH, data=body, headers=headers,
                                           timeout=limits) as resp:
                 if resp.status in REFUSALS:  # refused before running: nothing was done
-                    self._count("refused")
+                    self.count("refused")
                     raise Unreachable(f"{url} refused the forward: HTTP {resp.status} "
                                       f"{resp.reason}", refused=False)
                 reply = msgpack.unpackb(await resp.read())
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            self._count("unreachable")
+            self.count("unreachable")
             refused = isinstance(exc, aiohttp.ClientConnectorError)
             raise Unreachable(str(exc), refused=refused) from exc
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            self._count("unknown")
+            self.count("unknown")
             raise OutcomeUnknown(
                 f"the sequencer node went away while handling this {op}: its outcome is "
                 "unknown; retrying is safe (produce with idempotency keys)", queue=queue,
@@ -416,13 +420,14 @@ class Sequencer:
         else:
             self.stale_view(queue)
         if "err" in reply:
-            self._count("error")
+            self.count("error")
             err = reply["err"]
             cls = BY_CODE.get(str(err.get("code")), OkqError)
             raise cls(str(err.get("message")), **dict(err.get("details") or {}))
-        self._count("ok")
+        self.count("ok")
         return reply.get("ok")
 
-    def _count(self, outcome: str) -> None:
+    def count(self, outcome: str) -> None:
+        """One more forward with this outcome (``okq_sequencer_forwards``)."""
         self.forwards[outcome] = self.forwards.get(outcome, 0) + 1
 

@@ -27,6 +27,7 @@ from okq.publisher import NewItem
 from okq.routing import RoutedService
 from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, verify
 from okq.server.codec import read_body, respond
+from okq.server.middleware import public_details
 from okq.server.state import FLEET_KEYS, METRICS, SEQUENCER, SERVICE, STORE
 from okq.service import Outputs, Retry
 
@@ -307,8 +308,8 @@ async def forward(request: web.Request) -> web.Response:
         reply["ok"] = await service.run_forwarded(op, queue, args,
                                                   lambda: _client_gone(request))
     except OkqError as exc:
-        details = {k: v for k, v in exc.details.items() if k != "key"}
-        reply["err"] = {"code": exc.code, "message": exc.message, "details": details}
+        reply["err"] = {"code": exc.code, "message": exc.message,
+                        "details": public_details(exc)}
     return web.Response(body=msgpack.packb(reply, default=_plain),
                         content_type="application/msgpack")
 

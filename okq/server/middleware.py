@@ -23,6 +23,11 @@ log = logging.getLogger("okq.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def public_details(exc: OkqError) -> dict[str, Any]:
+    """What an error's details may show a caller: not the store key it concerns."""
+    return {k: v for k, v in exc.details.items() if k != "key"}
+
+
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> s.ErrorBody:
     return s.ErrorBody(code=code, message=message, details=details or {})
 
@@ -63,8 +68,8 @@ async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status >= 500:
             log.warning("%s %s: %s", request.method, request.path, exc)
         headers = {"Retry-After": "1"} if exc.status == 503 else None
-        details = {k: v for k, v in exc.details.items() if k != "key"}
-        return respond(request, error_body(exc.code, exc.message, details), exc.status, headers)
+        return respond(request, error_body(exc.code, exc.message, public_details(exc)),
+                       exc.status, headers)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS].max_body_bytes
         err = TooLarge(f"the request body is over the limit of {limit} bytes",
