@@ -63,6 +63,8 @@ class Cell(Generic[T]):
         decode: Callable[[bytes], T],
         initial: Callable[[], T] | None = None,
         on_conflict: Callable[[], None] | None = None,
+        *,
+        reuse_view: bool = False,
     ) -> None:
         self.store = store
         self.key = key
@@ -71,6 +73,10 @@ class Cell(Generic[T]):
         self.decode = decode
         self.initial = initial  # when given, a missing object is created with this
         self.on_conflict = on_conflict
+        # Whether a write may take the readers' decoded copy as its own instead of
+        # decoding another: only for cells whose readers use a view at once and
+        # never hold it across an await (the scheduler's lease-object summaries).
+        self.reuse_view = reuse_view
         self.etag: str | None = None
         self.data: bytes | None = None
         self.fetched_ms: int | None = None  # None: nothing cached
@@ -144,7 +150,7 @@ class Cell(Generic[T]):
             if self.fetched_ms is None:
                 await self.refresh()
                 fresh = True
-            obj = self.cached()
+            obj = self._working_copy()
             if obj is None:
                 raise ObjectNotFound(f"no object {self.key!r}", key=self.key)
             results = self._apply(obj, batch)
@@ -163,6 +169,16 @@ class Cell(Generic[T]):
             f"gave up writing {self.key!r}: {attempt} attempts lost their races in "
             f"{self.GIVE_UP_AFTER:.0f} s"
         )
+
+    def _working_copy(self) -> T | None:
+        """A copy of the cached object for a batch to change. With ``reuse_view``
+        it is the readers' copy, taken from them (a reader meanwhile decodes the
+        cached bytes again) and handed back only once the write landed, so no
+        reader ever sees a change that was not written."""
+        if self.reuse_view and self._view is not None and self._view_of is self.data:
+            obj, self._view, self._view_of = self._view, None, None
+            return obj
+        return self.cached()
 
     def _apply(self, obj: T, batch: list[Change]) -> list[Any]:
         now = self.clock.now_ms()
@@ -195,6 +211,10 @@ class Cell(Generic[T]):
             self.ambiguous += 1
             return await self._landed(obj.nonce)
         self.etag, self.data, self.fetched_ms = etag, data, self.clock.now_ms()
+        # What landed is what readers see next: no decode of our own write. Without
+        # reuse_view the next batch decodes a copy of its own, so this one stays
+        # unmutated; with it, the next batch takes this one from the readers.
+        self._view, self._view_of = obj, data
         return True
 
     async def _landed(self, nonce: str) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from okq import transitions as tr
+from okq.cell import Unchanged
 from okq.errors import (
     InvalidRequest,
     InvalidToken,
@@ -110,8 +111,22 @@ class Deliveries:
         lost, LeaseLost is raised after the others landed, naming the failures."""
         self.rt.check_batch(len(tokens), "tokens")
         parsed = [self.delivery(t, f"tokens[{n}]", queue) for n, t in enumerate(tokens)]
-        calls = [self.rt.lease_cell(q, d.segment).update(_completion(d)) for d, q in parsed]
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        # One change per lease object: a batch leased together completes in one step.
+        groups: dict[tuple[str, str], list[int]] = {}
+        for n, (d, q) in enumerate(parsed):
+            groups.setdefault((q.name, d.segment), []).append(n)
+        calls = [
+            self.rt.lease_cell(parsed[ns[0]][1], parsed[ns[0]][0].segment).update(
+                _completions([parsed[n][0] for n in ns]))
+            for ns in groups.values()
+        ]
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        results: list[object] = [None] * len(parsed)
+        for ns, answer in zip(groups.values(), answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise answer
+            for n, r in zip(ns, answer, strict=True):
+                results[n] = r
         failed: list[dict[str, Any]] = []
         for n, ((d, q), r) in enumerate(zip(parsed, results, strict=True)):
             if isinstance(r, LeaseLost):
@@ -170,8 +185,25 @@ class Deliveries:
         q.wake.set()
 
 
-def _completion(d: Delivery) -> Callable[[LeaseObject, int], object]:
-    return lambda obj, now: tr.complete(obj, d.index, d.v)
+def _completions(ds: list[Delivery]) -> Callable[[LeaseObject, int], object]:
+    """One change completing several deliveries of one lease object: a list of
+    answers in their order, a refusal (LeaseLost) as its exception. Unchanged when
+    none was completed now, so that refusals are decided again on a fresh read."""
+
+    def change(obj: LeaseObject, now: int) -> object:
+        answers: list[object] = []
+        changed = False
+        for d in ds:
+            try:
+                r = tr.complete(obj, d.index, d.v)
+            except OkqError as exc:
+                answers.append(exc)
+                continue
+            changed = changed or not isinstance(r, Unchanged)
+            answers.append(None)
+        return answers if changed else Unchanged(answers)
+
+    return change
 
 
 class _StaleConfig(OkqError):

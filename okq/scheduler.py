@@ -227,7 +227,7 @@ class Scheduler:
         if cached is not None and cached[0] is cell.data and not stale:
             known: _Summary = cached[1]
             return known
-        obj = cell.cached() or LeaseObject(sm.id)
+        obj = cell.view() or LeaseObject(sm.id)
         # Only fresh items need the segment (for their enqueue time).
         seg = await self.rt.segment(q, sm) if len(obj.items) < sm.count else None
         summary = _summarise(sm, seg, obj)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 import binascii
 import builtins
+import functools
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Protocol
 
@@ -57,9 +59,8 @@ Payload = Annotated[
     PlainSerializer(lambda b: base64.b64encode(b).decode(), return_type=str, when_used="json"),
     WithJsonSchema({"type": "string", "format": "byte", "description": "base64 in JSON"}),
 ]
-QueueName = Annotated[
-    str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="a queue's name")
-]
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+QueueName = Annotated[str, Field(pattern=QUEUE_NAME_PATTERN, description="a queue's name")]
 Seconds = Annotated[
     float, Field(ge=LEASE_TIMEOUT_MIN, le=LEASE_TIMEOUT_MAX, description="seconds")
 ]
@@ -127,6 +128,39 @@ class ProduceRequest(Body):
     items: list[ProduceItem] = Field(min_length=1)
 
 
+_QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
+
+
+def plain_produce(body: dict[str, Any]) -> tuple[str, list[builtins.bytes]] | None:
+    """The queue and payloads of the commonest produce, binary payloads and nothing
+    else (what msgpack clients send), read without a model per item; None for any
+    other body, which the models then read (and explain, when it is wrong)."""
+    name, items = body.get("queue_name"), body.get("items")
+    if len(body) != 2 or not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name) \
+            or not isinstance(items, list) or not items:
+        return None
+    payloads = []
+    for item in items:
+        if type(item) is not dict or len(item) != 1:
+            return None
+        payload = item.get("bytes")
+        if type(payload) is not builtins.bytes:
+            return None
+        payloads.append(payload)
+    return name, payloads
+
+
+def plain_tokens(body: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """The queue and tokens of a complete without outputs, read without a model;
+    None for any other body."""
+    name, tokens = body.get("queue_name"), body.get("tokens")
+    if len(body) != 2 or not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name) \
+            or type(tokens) is not list or not tokens \
+            or not all(type(t) is str for t in tokens):
+        return None
+    return name, tokens
+
+
 class ProduceResponse(Body):
     queue_name: str
     ids: list[str]
@@ -152,8 +186,16 @@ class LeasedItemOut(Body):
     produced_at: datetime
     enqueue_at: datetime | None = None
     bytes: Payload
-    utf8: str | None = Field(None, description="the payload, when it is valid UTF-8")
+    utf8: str | None = Field(None, description="the payload, when it is valid UTF-8 (JSON "
+                             "replies only: msgpack carries the payload once, as binary)")
     meta: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _text(self) -> LeasedItemOut:
+        """A msgpack reply leaves ``utf8`` out: a reader sees it all the same."""
+        if self.utf8 is None:
+            self.utf8 = utf8_or_none(self.bytes)
+        return self
 
 
 class Leased(Protocol):
@@ -190,6 +232,26 @@ def leased_item_out(i: Leased) -> LeasedItemOut:
         enqueue_at=None if i.enqueue_at_ms is None else to_datetime(i.enqueue_at_ms),
         bytes=i.payload, utf8=utf8_or_none(i.payload), meta=i.meta,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def iso_time(value_ms: int) -> str:
+    """A time as msgpack replies spell it. Cached: a batch shares its deadline and
+    the items of a segment their produce time."""
+    return to_datetime(value_ms).isoformat()
+
+
+def leased_item_plain(i: Leased) -> dict[str, Any]:
+    """A leased item as a msgpack reply carries it, built without a model: the
+    payload is binary there, so it is not repeated as ``utf8`` (a client that
+    wants text decodes ``bytes``; okq's client fills ``utf8`` in itself)."""
+    return {
+        "id": i.id, "token": i.token, "attempts": i.attempts,
+        "lease_deadline": iso_time(i.lease_deadline_ms),
+        "produced_at": iso_time(i.produced_ms),
+        "enqueue_at": None if i.enqueue_at_ms is None else iso_time(i.enqueue_at_ms),
+        "bytes": i.payload, "meta": i.meta,
+    }
 
 
 class LeaseResponse(Body):

@@ -26,7 +26,7 @@ from okq.model import QueueConfig
 from okq.publisher import NewItem
 from okq.routing import RoutedService
 from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, verify
-from okq.server.codec import read_body, respond
+from okq.server.codec import read_body, respond, respond_plain, wants_msgpack
 from okq.server.middleware import public_details
 from okq.server.state import FLEET_KEYS, METRICS, SEQUENCER, SERVICE, STORE
 from okq.service import Outputs, Retry
@@ -49,7 +49,10 @@ dt, text = s.to_datetime, s.utf8_or_none
 
 
 async def parse(request: web.Request, model: type[M]) -> M:
-    body = await read_body(request)
+    return _validate(await read_body(request), model)
+
+
+def _validate(body: dict[str, Any], model: type[M]) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -135,12 +138,17 @@ def _new_items(items: list[s.ProduceItem], *, keys: bool = True) -> list[NewItem
 
 
 async def produce(request: web.Request) -> web.Response:
-    body = await parse(request, s.ProduceRequest)
-    items = _new_items(body.items)
-    ids = await request.app[SERVICE].produce(body.queue_name, items)
+    raw = await read_body(request)
+    plain = s.plain_produce(raw)
+    if plain is not None:  # binary payloads and nothing else: no model per item
+        queue, items = plain[0], [NewItem(p) for p in plain[1]]
+    else:
+        body = _validate(raw, s.ProduceRequest)
+        queue, items = body.queue_name, _new_items(body.items)
+    ids = await request.app[SERVICE].produce(queue, items)
     request.app[METRICS].batch.labels("produce").observe(len(items))
     request.app[METRICS].items.labels("produced").inc(len(items))
-    return respond(request, s.ProduceResponse(queue_name=body.queue_name, ids=ids))
+    return respond(request, s.ProduceResponse.model_construct(queue_name=queue, ids=ids))
 
 
 async def lease(request: web.Request) -> web.Response:
@@ -153,6 +161,9 @@ async def lease(request: web.Request) -> web.Response:
         items = []
     request.app[METRICS].batch.labels("lease").observe(len(items))
     request.app[METRICS].items.labels("leased").inc(len(items))
+    if wants_msgpack(request):  # the hot path: no model per item
+        return respond_plain(request, {"queue_name": body.queue_name,
+                                       "items": [s.leased_item_plain(i) for i in items]})
     return respond(request, s.LeaseResponse(queue_name=body.queue_name,
                                             items=[s.leased_item_out(i) for i in items]))
 
@@ -170,18 +181,24 @@ async def renew(request: web.Request) -> web.Response:
 
 
 async def complete(request: web.Request) -> web.Response:
-    body = await parse(request, s.CompleteRequest)
+    raw = await read_body(request)
+    plain = s.plain_tokens(raw)
     outputs = None
-    if body.outputs is not None:
-        outputs = Outputs(body.outputs.queue_name, _new_items(body.outputs.items, keys=False))
-    output_ids = await request.app[SERVICE].complete(body.queue_name, body.tokens, outputs)
+    if plain is not None:  # tokens and nothing else: no model
+        queue, tokens = plain
+    else:
+        body = _validate(raw, s.CompleteRequest)
+        queue, tokens = body.queue_name, body.tokens
+        if body.outputs is not None:
+            outputs = Outputs(body.outputs.queue_name,
+                              _new_items(body.outputs.items, keys=False))
+    output_ids = await request.app[SERVICE].complete(queue, tokens, outputs)
     if outputs is not None:
         request.app[METRICS].items.labels("produced").inc(len(outputs.items))
-    request.app[METRICS].batch.labels("complete").observe(len(body.tokens))
-    request.app[METRICS].items.labels("completed").inc(len(body.tokens))
-    return respond(request, s.CompleteResponse(queue_name=body.queue_name,
-                                               completed=len(body.tokens),
-                                               output_ids=output_ids))
+    request.app[METRICS].batch.labels("complete").observe(len(tokens))
+    request.app[METRICS].items.labels("completed").inc(len(tokens))
+    return respond(request, s.CompleteResponse.model_construct(
+        queue_name=queue, completed=len(tokens), output_ids=output_ids))
 
 
 async def retry(request: web.Request) -> web.Response:
