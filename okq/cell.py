@@ -64,7 +64,7 @@ class Cell(Generic[T]):
         initial: Callable[[], T] | None = None,
         on_conflict: Callable[[], None] | None = None,
         *,
-        reuse_view: bool = False,
+        copy: Callable[[T], T] | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -73,10 +73,9 @@ class Cell(Generic[T]):
         self.decode = decode
         self.initial = initial  # when given, a missing object is created with this
         self.on_conflict = on_conflict
-        # Whether a write may take the readers' decoded copy as its own instead of
-        # decoding another: only for cells whose readers use a view at once and
-        # never hold it across an await (the scheduler's lease-object summaries).
-        self.reuse_view = reuse_view
+        # How a write copies the readers' decoded object instead of decoding the
+        # bytes again (a copy a change may mutate without the view seeing it).
+        self.copy = copy
         self.etag: str | None = None
         self.data: bytes | None = None
         self.fetched_ms: int | None = None  # None: nothing cached
@@ -171,13 +170,12 @@ class Cell(Generic[T]):
         )
 
     def _working_copy(self) -> T | None:
-        """A copy of the cached object for a batch to change. With ``reuse_view``
-        it is the readers' copy, taken from them (a reader meanwhile decodes the
-        cached bytes again) and handed back only once the write landed, so no
-        reader ever sees a change that was not written."""
-        if self.reuse_view and self._view is not None and self._view_of is self.data:
-            obj, self._view, self._view_of = self._view, None, None
-            return obj
+        """A copy of the cached object for a batch to change: a copy of the readers'
+        view when the cell knows how to copy one, else a fresh decode."""
+        if self.copy is not None and self.data is not None:
+            view = self.view()
+            if view is not None:
+                return self.copy(view)
         return self.cached()
 
     def _apply(self, obj: T, batch: list[Change]) -> list[Any]:
@@ -211,9 +209,8 @@ class Cell(Generic[T]):
             self.ambiguous += 1
             return await self._landed(obj.nonce)
         self.etag, self.data, self.fetched_ms = etag, data, self.clock.now_ms()
-        # What landed is what readers see next: no decode of our own write. Without
-        # reuse_view the next batch decodes a copy of its own, so this one stays
-        # unmutated; with it, the next batch takes this one from the readers.
+        # What landed is what readers see next: no decode of our own write. The next
+        # batch changes a copy of its own, so this one is never changed.
         self._view, self._view_of = obj, data
         return True
 

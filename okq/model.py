@@ -79,6 +79,11 @@ class SegmentMeta:
     # A lower bound of every item's ready time, when it is earlier than
     # created_ms: segments written by a compactor merge carry older items.
     min_ready_ms: int | None = None
+    # The latest time a fresh item of the segment may first be leased (the
+    # largest fresh_due_ms of its items: 0 when none is scheduled for later than
+    # its produce), so that stats can count a segment without reading it. None:
+    # not known (listed by an older okq, or an outputs segment): read the segment.
+    last_due_ms: int | None = None
 
     @property
     def first_ready_ms(self) -> int:
@@ -86,11 +91,14 @@ class SegmentMeta:
 
     def pack(self) -> list[Any]:
         out = [self.id, self.count, self.created_ms, self.size]
+        if self.last_due_ms is not None:  # trailing: older readers ignore it
+            return [*out, self.min_ready_ms, self.last_due_ms]
         return out if self.min_ready_ms is None else [*out, self.min_ready_ms]
 
     @classmethod
     def unpack(cls, raw: list[Any]) -> SegmentMeta:
-        return cls(raw[0], raw[1], raw[2], raw[3], raw[4] if len(raw) > 4 else None)
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4] if len(raw) > 4 else None,
+                   raw[5] if len(raw) > 5 else None)
 
 
 @dataclass(slots=True)
@@ -170,6 +178,10 @@ FINISHED = frozenset({DONE, DEAD})
 
 @dataclass(slots=True)
 class ItemState:
+    """One item's state in a lease object. Never changed in place once it is in a
+    lease object: a transition puts a new one in its slot, so a copy of the object
+    that shares its states (:meth:`LeaseObject.copy`) is a copy all the same."""
+
     s: str
     v: int  # delivery counter: bumped by every lease, fences stale tokens
     attempts: int
@@ -202,6 +214,11 @@ class LeaseObject:
     # Set by the compactor before it merges the segment's items elsewhere: no
     # item of a sealed segment is leased again. Only set when none is leased.
     sealed: bool = False
+
+    def copy(self) -> LeaseObject:
+        """A copy to change: its own slots, the states shared (they are replaced,
+        never changed in place), so it costs a dict copy and no decode."""
+        return LeaseObject(self.segment, dict(self.items), self.ver, self.nonce, self.sealed)
 
 
 # -- codec ---------------------------------------------------------------

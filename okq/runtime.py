@@ -211,7 +211,7 @@ class Runtime:
                 decode_lease,
                 initial=lambda: LeaseObject(segment),
                 on_conflict=self._conflict,
-                reuse_view=True,
+                copy=LeaseObject.copy,
             )
         return cell
 

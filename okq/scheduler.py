@@ -24,6 +24,8 @@ from okq.limits import check_lease_timeout
 from okq.model import (
     HALF_DONE,
     IN_FLIGHT,
+    LEASED,
+    WAITING,
     LeaseObject,
     Manifest,
     QueueConfig,
@@ -64,6 +66,9 @@ class _Summary:
     ready: list[tuple[int, int, int]]
     inflight: bool
     stalled: list[tuple[int, int]]  # (since_ms, index) in DEAD_PENDING or OUTPUTS_PENDING
+    # (order_ms, index, due_ms) of every item of the segment as if never leased:
+    # fixed by the segment's bytes, so derived once and kept for the next version.
+    fresh: list[tuple[int, int, int]] | None = None
 
 
 class Scheduler:
@@ -228,9 +233,11 @@ class Scheduler:
             known: _Summary = cached[1]
             return known
         obj = cell.view() or LeaseObject(sm.id)
-        # Only fresh items need the segment (for their enqueue time).
-        seg = await self.rt.segment(q, sm) if len(obj.items) < sm.count else None
-        summary = _summarise(sm, seg, obj)
+        fresh = cached[1].fresh if cached is not None else None
+        if fresh is None and len(obj.items) < sm.count:
+            # Only fresh items need the segment (for their enqueue time).
+            fresh = _fresh(sm, await self.rt.segment(q, sm))
+        summary = _summarise(sm, fresh, obj)
         q.summaries[sm.id] = (cell.data, summary)
         return summary
 
@@ -301,27 +308,40 @@ def _scan_order(m: Manifest) -> list[SegmentMeta]:
     return order
 
 
-def _summarise(sm: SegmentMeta, seg: Segment | None, obj: LeaseObject) -> _Summary:
+#: States whose item is leasable at its ``t``: a lease once it expires, a retry once due.
+READY_STATES = frozenset({LEASED, WAITING})
+
+
+def _fresh(sm: SegmentMeta, seg: Segment) -> list[tuple[int, int, int]]:
+    """Every item of a segment as a never-leased candidate: (order, index, due)."""
+    return [(fresh_ready_ms(sm, item), idx, fresh_due_ms(sm, item))
+            for idx, item in enumerate(seg.items[:sm.count])]
+
+
+def _summarise(sm: SegmentMeta, fresh: list[tuple[int, int, int]] | None,
+               obj: LeaseObject) -> _Summary:
+    """The segment's candidates by order: its fresh items (``fresh``, needed
+    when some item has no state) and its leased or waiting ones at their time."""
     ready: list[tuple[int, int, int]] = []
     stalled: list[tuple[int, int]] = []
     inflight = False
     if obj.sealed:  # a compactor is merging it: nothing in it is leasable
-        return _Summary(ready, inflight, stalled)
-    for idx in range(sm.count):
-        st = obj.items.get(idx)
-        if st is not None and st.s in IN_FLIGHT:
+        return _Summary(ready, inflight, stalled, fresh)
+    states = obj.items
+    for idx, st in states.items():
+        if idx >= sm.count:
+            continue
+        if st.s in IN_FLIGHT:
             inflight = True
             if st.s in HALF_DONE:
                 stalled.append((st.t, idx))
-        if st is None and seg is not None:
-            item = seg.items[idx]
-            ready.append((fresh_ready_ms(sm, item), idx, fresh_due_ms(sm, item)))
-            continue
-        r = tr.ready_at(st, 0)
-        if r is not None:
-            ready.append((r, idx, r))
+        if st.s in READY_STATES:
+            ready.append((st.t, idx, st.t))
+    if fresh is not None and len(states) < sm.count:
+        ready.extend(c for c in fresh if c[1] not in states)
     ready.sort()
-    return _Summary(ready, inflight, stalled)
+    stalled.sort(key=lambda s: s[1])
+    return _Summary(ready, inflight, stalled, fresh)
 
 
 def _exhausted(obj: LeaseObject, index: int, max_attempts: int) -> bool:

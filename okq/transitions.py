@@ -1,8 +1,10 @@
 """Pure lease transitions: functions of (lease object, now, request).
 
-They mutate the ``LeaseObject`` they are given (the caller hands each attempt a
-freshly decoded copy) and raise :class:`~okq.errors.LeaseLost` when the request
-names a delivery that is no longer current. No I/O and no clock reads here.
+They change the ``LeaseObject`` they are given (the caller hands each attempt a
+copy of its own) by putting new item states in its slots, never by changing a
+state in place (copies share their states), and raise
+:class:`~okq.errors.LeaseLost` when the request names a delivery that is no
+longer current. No I/O and no clock reads here.
 
 An item's lifecycle inside its segment::
 
@@ -21,7 +23,7 @@ without a change, so a client may safely retry a completion.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from okq.cell import Unchanged
@@ -142,8 +144,8 @@ def _describe(st: ItemState, v: int) -> str:
 
 def renew(obj: LeaseObject, index: int, v: int, now: int, lease_ms: int) -> int:
     st = current(obj, index, v)
-    st.t = now + lease_ms
-    return st.t
+    obj.items[index] = replace(st, t=now + lease_ms)
+    return now + lease_ms
 
 
 def complete(
@@ -169,7 +171,7 @@ def finish_outputs(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
     """P(v) -> D once the outputs segment is published."""
     st = obj.items.get(index)
     if st is not None and st.s == OUTPUTS_PENDING and st.v == v:
-        st.s = DONE
+        obj.items[index] = replace(st, s=DONE)
         return None
     return Unchanged()
 
@@ -230,7 +232,7 @@ def finish_dead(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
     """DEAD_PENDING(v) -> DEAD once the item is in the dead-letter queue."""
     st = obj.items.get(index)
     if st is not None and st.s == DEAD_PENDING and st.v == v:
-        st.s = DEAD
+        obj.items[index] = replace(st, s=DEAD)
         return None
     return Unchanged()
 

@@ -473,3 +473,38 @@ async def test_close_waits_for_the_writer() -> None:
 async def test_initial_is_used_when_the_clock_reads_zero() -> None:
     cell = make_cell(MemoryStore(), ManualClock(start_ms=0))
     assert await cell.update(Calls().mark(0)) == 0
+
+
+# -- copies instead of decodes (lease cells) ------------------------------------
+
+
+async def test_a_copying_cell_never_changes_the_view_a_reader_holds() -> None:
+    """A write changes a copy of the readers' view: a view taken before it, or
+    during a write that is refused or loses its race, is the same as before."""
+    store = CountingStore(MemoryStore())
+    clock = ManualClock()
+    cell: Cell[LeaseObject] = Cell(store, KEY, clock, encode_lease, decode_lease,
+                                   initial=lambda: LeaseObject(SEG), copy=LeaseObject.copy)
+    await cell.update(lambda o, now: tr.lease(o, [(0, 0), (1, 0)], now, 30_000, 0)[0])
+    held = cell.view()
+    assert held is not None
+    before = encode_lease(held)
+    token_v = 1  # the first delivery of each item
+    await cell.update(lambda o, now: tr.renew(o, 0, token_v, now, 60_000))
+    await cell.update(lambda o, now: tr.complete(o, 1, token_v))
+    assert encode_lease(held) == before  # the states it shares were replaced, not changed
+    gets = store.requests["get"]
+    after = cell.view()
+    assert after is not held and after.items[1].s == DONE
+    assert after.items[0].t == clock.now_ms() + 60_000
+    assert store.requests["get"] == gets  # the landed write is the view: no read, no decode
+    assert decode_lease((await store.get(KEY)).data) == after
+
+    # A race lost: the copy that was changed is dropped, the view read afresh.
+    other = make_cell(store)
+    await other.update(lambda o, now: tr.complete(o, 0, token_v))
+    view_before = cell.view()
+    await cell.update(lambda o, now: tr.renew(o, 0, token_v, now, 90_000)
+                      if o.items[0].s != DONE else Unchanged("done"))
+    assert view_before is not None and view_before.items[0].t == clock.now_ms() + 60_000
+    assert cell.view() is not None and cell.view().items[0].s == DONE  # type: ignore[union-attr]
