@@ -117,6 +117,9 @@ class Client:
         if lease_timeout is not None:
             body["lease_timeout"] = lease_timeout
         reply = await self.call("queue.lease", body, s.LeaseResponse, wait=request_timeout)
+        for item in reply.items:  # a msgpack reply carries the payload once, as bytes
+            if item.utf8 is None:
+                item.utf8 = s.utf8_or_none(item.bytes)
         return reply.items
 
     async def renew(self, queue: str, token: str, lease_timeout: float | None = None) -> datetime:

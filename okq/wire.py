@@ -190,13 +190,6 @@ class LeasedItemOut(Body):
                              "replies only: msgpack carries the payload once, as binary)")
     meta: dict[str, Any] | None = None
 
-    @model_validator(mode="after")
-    def _text(self) -> LeasedItemOut:
-        """A msgpack reply leaves ``utf8`` out: a reader sees it all the same."""
-        if self.utf8 is None:
-            self.utf8 = utf8_or_none(self.bytes)
-        return self
-
 
 class Leased(Protocol):
     """What the engine says of a leased item (``okq.scheduler.LeasedItem``)."""
