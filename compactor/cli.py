@@ -30,7 +30,7 @@ from okq.errors import OkqError
 from okq.keys import NAME_RE, manifests_prefix
 from okq.runtime import EngineOptions, Runtime
 from okq.settings import Settings
-from okq.store import CountingStore, Store, open_store
+from okq.store import CountingStore, Store, exit_past_native_threads, open_store
 from okq.store.selfcheck import check_conditional_writes
 
 log = logging.getLogger("okq.compactor")
@@ -164,6 +164,7 @@ def main(once: bool, interval: float, safety_age: float, lease_grace: float, gc_
                         metrics_host))
     except (OkqError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
+    exit_past_native_threads(0)  # everything is closed: see its docstring
 
 
 def _settings(flags: dict[str, Any]) -> Settings:

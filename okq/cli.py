@@ -17,7 +17,7 @@ from okq.commands import Ctx, register
 from okq.commands.fleet import fleet
 from okq.errors import OkqError
 from okq.settings import Settings
-from okq.store import open_store
+from okq.store import exit_past_native_threads, open_store
 
 
 def _settings_options(fn: Any) -> Any:
@@ -87,6 +87,7 @@ def serve(**flags: Any) -> None:
         asyncio.run(run_node(settings))
     except (OkqError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
+    exit_past_native_threads(0)  # everything is closed: see its docstring
 
 
 async def run_node(settings: Settings) -> None:

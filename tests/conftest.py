@@ -4,7 +4,8 @@
   the first time a test asks for it (never otherwise) and has the bucket
   ``okq-test`` ready.
 * ``store_factory`` — ``await make(kind)`` returns a fresh, empty store of kind
-  ``memory``, ``file``, ``moto`` or ``seaweed``; all are closed at teardown.
+  ``memory``, ``file``, ``moto`` or ``seaweed`` (or ``moto-obstore`` /
+  ``seaweed-obstore``: the same servers through obstore); all are closed at teardown.
 * ``any_store`` — one fresh store, parametrised over ``ALL_STORES``;
   ``atomic_store`` — the same over ``ATOMIC_STORES`` (see tests/stores.py).
 """
@@ -19,10 +20,17 @@ from pathlib import Path
 import pytest
 
 from okq import Engine, ManualClock
-from okq.store import FileStore, MemoryStore, S3Store, Store
+from okq.store import (
+    FileStore,
+    MemoryStore,
+    S3Store,
+    Store,
+    exit_past_native_threads,
+    open_store,
+)
 from tests.engines import make_engine
 from tests.servers import BUCKET, MotoServer, SeaweedServer, ensure_dummy_credentials
-from tests.stores import ALL_STORES, ATOMIC_STORES, S3_STORES, StoreFactory
+from tests.stores import ALL_STORES, ATOMIC_STORES, OBSTORE_STORES, S3_STORES, StoreFactory
 
 #: Start-up times of the servers this session started, for the summary.
 _STARTUP: dict[str, float] = {}
@@ -40,6 +48,21 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for name, seconds in _STARTUP.items():
         terminalreporter.write_line(f"okq test servers: {name} started in {seconds:.2f}s")
+
+
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Tests that ran obstore in this process: leave past its runtime's threads, as
+    # okq's own commands do (okq.store.exit_past_native_threads), with pytest's status.
+    if _EXIT_STATUS:
+        exit_past_native_threads(_EXIT_STATUS[-1])
 
 
 def _store_params(kinds: list[str]) -> list[object]:
@@ -82,8 +105,14 @@ async def store_factory(
         elif kind in S3_STORES:
             endpoint = request.getfixturevalue(f"{kind}_endpoint")
             store = S3Store(f"s3://{BUCKET}/{name}", endpoint_url=endpoint, region="us-east-1")
+        elif kind in OBSTORE_STORES:  # "moto-obstore": moto's server, obstore's client
+            server, _, client = kind.partition("-")
+            endpoint = request.getfixturevalue(f"{server}_endpoint")
+            store = open_store(f"s3://{BUCKET}/{name}?client={client}", endpoint_url=endpoint,
+                               region="us-east-1")
         else:
-            raise ValueError(f"unknown store kind {kind!r}; expected one of {ALL_STORES}")
+            kinds = ALL_STORES + OBSTORE_STORES
+            raise ValueError(f"unknown store kind {kind!r}; expected one of {kinds}")
         opened.append(store)
         return store
 

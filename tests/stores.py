@@ -11,6 +11,12 @@
   "Facts measured"). So moto is for functional tests only; every test that
   proves atomicity, fencing or "nothing lost under concurrency" runs on
   ``ATOMIC_STORES``: memory, file and SeaweedFS.
+* ``OBSTORE_STORES`` — the same two S3 servers through the other S3 client,
+  obstore (``s3://...?client=obstore``, okq/store/obstore.py). The conformance
+  suite runs on them too (moto again for the functional checks only). The
+  engine suites build the aioboto3 store directly; the nodes that the
+  acceptance tests start open theirs by URL, so they run on the default,
+  obstore.
 """
 
 from __future__ import annotations
@@ -25,6 +31,15 @@ StoreFactory = Callable[[str], Awaitable[Store]]
 ALL_STORES = ["memory", "file", "moto", "seaweed"]
 ATOMIC_STORES = ["memory", "file", "seaweed"]
 S3_STORES = ["moto", "seaweed"]
+OBSTORE_STORES = ["moto-obstore", "seaweed-obstore"]
+#: Every kind the conformance suite runs on.
+CONFORMANCE_STORES = ALL_STORES + OBSTORE_STORES
+ATOMIC_CONFORMANCE_STORES = [*ATOMIC_STORES, "seaweed-obstore"]
+
+
+def on_s3(kind: str) -> bool:
+    """Whether a store kind needs a real S3 server (and so the ``s3`` mark)."""
+    return kind in S3_STORES or kind in OBSTORE_STORES
 
 MOTO_NOT_ATOMIC = (
     "moto's S3 server is not atomic under concurrency: its conditional-write check "

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
@@ -43,6 +47,11 @@ __all__ = [
 ]
 
 
+#: The S3 client of s3:// stores unless the URL names one (docs/PERFORMANCE.md
+#: has the measurement that chose it).
+DEFAULT_S3_CLIENT = "obstore"
+
+
 def open_store(
     url: str, *, endpoint_url: str | None = None, region: str | None = None, pool_size: int = 64
 ) -> Store:
@@ -50,8 +59,10 @@ def open_store(
 
     * ``memory://`` — process-local, for tests;
     * ``file://DIR`` or a plain path — the embedded default;
-    * ``s3://bucket[/prefix][?endpoint_url=http://host:port]`` — S3 or any
-      compatible server; credentials and region come from the AWS environment.
+    * ``s3://bucket[/prefix][?endpoint_url=http://host:port][&client=obstore]`` — S3
+      or any compatible server; credentials and region come from the AWS
+      environment. ``client`` picks the S3 client: ``obstore`` (the default: Rust,
+      a fifth of aioboto3's CPU per call; okq/store/obstore.py) or ``aioboto3``.
     """
     parsed = urlparse(url)
     if parsed.scheme == "memory":
@@ -65,7 +76,36 @@ def open_store(
         query = parse_qs(parsed.query)
         endpoint = endpoint_url or next(iter(query.get("endpoint_url", [])), None)
         base = f"s3://{parsed.netloc}{parsed.path}"
+        client = next(iter(query.get("client", [])), DEFAULT_S3_CLIENT)
+        if client == "obstore":
+            from okq.store.obstore import ObstoreS3Store
+
+            return ObstoreS3Store(base, endpoint_url=endpoint, region=region, pool_size=pool_size)
+        if client != "aioboto3":
+            raise ValueError(f"unknown S3 client {client!r} in {url!r}: aioboto3 or obstore")
         from okq.store.s3 import S3Store
 
         return S3Store(base, endpoint_url=endpoint, region=region, pool_size=pool_size)
     raise ValueError(f"unknown store URL scheme {parsed.scheme!r} in {url!r}")
+
+
+def exit_past_native_threads(code: int = 0) -> None:
+    """End the process now, without interpreter finalisation, when a native S3
+    client ran in it; return otherwise.
+
+    obstore's Rust runtime keeps worker threads that Python does not know of. One
+    that touches Python while the interpreter finalises is ended by CPython 3.11
+    in a way Rust cannot unwind, and the process aborts (SIGABRT, about one exit
+    in thirty here) after everything had closed cleanly (the known pyo3 runtime
+    issue). Callers have closed their stores and flushed their work first; this
+    flushes the logs and the standard streams and leaves with ``code``.
+    """
+    native = sys.modules.get("okq.store.obstore")
+    if native is None or not getattr(native, "OPENED", False):
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+

@@ -1,10 +1,12 @@
 """One conformance suite for every store backend (see okq/store/base.py).
 
 The functional tests run on all four stores (``any_store``: memory, file,
-moto, SeaweedFS). The tests that prove atomicity under concurrency run on
-``ATOMIC_STORES`` only; moto appears in their parametrisation as an explicit
-skip whose reason says why (its server is not atomic), so the output of every
-run shows that moto got the functional checks only.
+moto, SeaweedFS), and on moto and SeaweedFS again through the obstore client
+(``moto-obstore``, ``seaweed-obstore``; tests/stores.py). The tests that prove
+atomicity under concurrency run on the atomic stores only; moto appears in
+their parametrisation as an explicit skip whose reason says why (its server is
+not atomic), so the output of every run shows that moto got the functional
+checks only.
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ from pathlib import Path
 import pytest
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store import FileStore, S3Store, Store, check_conditional_writes, list_all
-from tests.stores import ALL_STORES, ATOMIC_STORES, MOTO_NOT_ATOMIC, S3_STORES, StoreFactory
+from okq.store import FileStore, Store, check_conditional_writes, list_all, open_store
+from tests.stores import (
+    ATOMIC_CONFORMANCE_STORES,
+    CONFORMANCE_STORES,
+    MOTO_NOT_ATOMIC,
+    OBSTORE_STORES,
+    S3_STORES,
+    StoreFactory,
+    on_s3,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,13 +44,24 @@ def md5(data: bytes) -> str:
 def concurrency_params() -> list[object]:
     """Every store, with moto explicitly skipped (never silently dropped)."""
     params: list[object] = []
-    for kind in ALL_STORES:
-        marks: list[pytest.MarkDecorator] = [pytest.mark.s3] if kind in S3_STORES else []
-        if kind not in ATOMIC_STORES:
-            assert kind == "moto", kind
+    for kind in CONFORMANCE_STORES:
+        marks: list[pytest.MarkDecorator] = [pytest.mark.s3] if on_s3(kind) else []
+        if kind not in ATOMIC_CONFORMANCE_STORES:
+            assert kind.startswith("moto"), kind
             marks.append(pytest.mark.skip(reason=MOTO_NOT_ATOMIC))
         params.append(pytest.param(kind, id=kind, marks=marks))
     return params
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(kind, id=kind, marks=[pytest.mark.s3] if on_s3(kind) else [])
+        for kind in CONFORMANCE_STORES
+    ]
+)
+async def any_store(request: pytest.FixtureRequest, store_factory: StoreFactory) -> Store:
+    """conftest's ``any_store``, plus the S3 servers through obstore's client."""
+    return await store_factory(request.param)
 
 
 async def keys_of(store: Store, prefix: str = "") -> list[str]:
@@ -141,14 +162,16 @@ async def test_keys_with_unusual_characters(any_store: Store) -> None:
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("kind", S3_STORES)
+@pytest.mark.parametrize("kind", S3_STORES + OBSTORE_STORES)
 async def test_a_missing_bucket_is_a_storage_error(
     kind: str, request: pytest.FixtureRequest
 ) -> None:
     # Neither "no such object" nor "lost condition": a queue must not look empty,
     # and a CAS loop must not spin, because the bucket name is wrong.
-    endpoint = request.getfixturevalue(f"{kind}_endpoint")
-    store = S3Store("s3://okq-no-such-bucket/x", endpoint_url=endpoint, region="us-east-1")
+    server, _, client = kind.partition("-")
+    endpoint = request.getfixturevalue(f"{server}_endpoint")
+    store = open_store(f"s3://okq-no-such-bucket/x?client={client or 'aioboto3'}",
+                       endpoint_url=endpoint, region="us-east-1")
     try:
         for call in (
             lambda: store.get("k"),
@@ -161,6 +184,31 @@ async def test_a_missing_bucket_is_a_storage_error(
             assert type(got.value) is StorageError, got.value
     finally:
         await store.close()
+
+
+def test_the_s3_client_is_chosen_by_the_url_or_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Opening a store sends no request: no server is needed here.
+    from okq.settings import Settings
+    from okq.store.obstore import ObstoreS3Store
+    from okq.store.s3 import S3Store
+
+    local = "http://127.0.0.1:1"
+    assert type(open_store("s3://b/p", endpoint_url=local)) is ObstoreS3Store  # the default
+    assert type(open_store("s3://b/p?client=aioboto3", endpoint_url=local)) is S3Store
+    assert type(open_store("s3://b/p?client=obstore", endpoint_url=local)) is ObstoreS3Store
+    with pytest.raises(ValueError, match="unknown S3 client"):
+        open_store("s3://b/p?client=boto2", endpoint_url=local)
+
+    assert type(open_store(Settings(store="s3://b/p").store)) is ObstoreS3Store
+    monkeypatch.setenv("OKQ_S3_CLIENT", "aioboto3")
+    chosen = Settings(store="s3://b/p?endpoint_url=http://127.0.0.1:1")
+    assert type(open_store(chosen.store)) is S3Store
+    assert open_store(chosen.store).url == "s3://b/p"
+    # The URL's own choice wins; other schemes are left alone.
+    assert type(open_store(Settings(store="s3://b/p?client=obstore").store)) is ObstoreS3Store
+    assert Settings(store="file://x").store == "file://x"
 
 
 # -- conditional writes, one at a time ------------------------------------------
@@ -342,14 +390,14 @@ async def test_list_pages_see_nested_keys_exactly_once(any_store: Store) -> None
         pytest.param(
             kind,
             id=kind,
-            marks=([pytest.mark.s3] if kind in S3_STORES else [])
+            marks=([pytest.mark.s3] if on_s3(kind) else [])
             + (
                 [pytest.mark.xfail(reason=SEAWEED_TREE_ORDER, strict=True)]
-                if kind == "seaweed"
+                if kind.startswith("seaweed")
                 else []
             ),
         )
-        for kind in ALL_STORES
+        for kind in CONFORMANCE_STORES
     ],
 )
 async def test_list_nested_keys_in_byte_order(kind: str, store_factory: StoreFactory) -> None:
@@ -381,7 +429,7 @@ async def test_deleted_keys_leave_the_listing(any_store: Store) -> None:
 
 #: (writers, increments per writer). SeaweedFS makes losers on a hot key wait
 #: 1-6 s for their 412, so it gets a small workload.
-RMW_LOAD = {"memory": (20, 10), "file": (20, 10), "seaweed": (20, 2)}
+RMW_LOAD = {"memory": (20, 10), "file": (20, 10), "seaweed": (20, 2), "seaweed-obstore": (20, 2)}
 
 
 @pytest.mark.timeout(240)
