@@ -13,9 +13,9 @@ postgres       PostgreSQL from Debian's packages (``initdb``, then ``postgres -D
                ANY($1). asyncpg, a pool of 8 connections and one more that LISTENs, so
                that an empty lease can wait for a produce (the long poll: a NOTIFY
                wakes one waiting consumer). Started as root, it runs as ``postgres``.
-redis          redis-server from Debian's packages, ``--save ''`` and its defaults
-               otherwise (so no persistence at all: appendonly is off by default; the
-               output says what the server reported). A stream per queue with a
+redis          redis-server from Debian's packages with its defaults (RDB snapshots
+               now and then, no append-only file: an acknowledged message may be lost
+               in a crash; the output says what the server reported). A stream per queue with a
                consumer group: XADD pipelined per batch, XREADGROUP COUNT 100 (BLOCK for
                the long poll), XACK + XDEL pipelined on complete. redis.asyncio. Its
                lease has no timeout (nothing here runs XAUTOCLAIM).
@@ -506,7 +506,7 @@ async def open_postgres(work: Path, args: argparse.Namespace) -> AsyncIterator[P
 
 
 class RedisServer(Server):
-    """redis-server on a loopback port, ``--save ''`` and defaults otherwise."""
+    """redis-server on a loopback port with its defaults (snapshots into its dir)."""
 
     def __init__(self, work: Path) -> None:
         self.dir = work / "redis"
@@ -524,7 +524,7 @@ class RedisServer(Server):
             raise ServerMissing("no redis-server: `apt-get install redis-server`")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        argv = [binary, "--port", str(self.port), "--bind", HOST, "--save", "",
+        argv = [binary, "--port", str(self.port), "--bind", HOST,
                 "--dir", str(self.dir), "--daemonize", "no"]
         self.process = Process("redis", argv, self.dir / "redis.log", cwd=self.dir)
         self.process.start()
@@ -584,11 +584,16 @@ async def redis_notes(client: Any) -> list[str]:
         config.update({k.decode() if isinstance(k, bytes) else k:
                        v.decode() if isinstance(v, bytes) else v
                        for k, v in (await client.config_get(key)).items()})
-    persisted = "none" if not config["save"] and config["appendonly"] == "no" else "some"
+    if config["appendonly"] == "yes":
+        persisted = f"append-only file, fsync {config['appendfsync']}"
+    elif config["save"]:
+        persisted = "snapshots only: an acknowledged message may be lost in a crash"
+    else:
+        persisted = "none: acknowledged messages live in memory only"
     return [f"Redis {info['redis_version']}: persistence {persisted} (save "
             f"'{config['save']}', appendonly {config['appendonly']}, appendfsync "
-            f"{config['appendfsync']}): acknowledged messages live in memory only; "
-            f"redis-py {'with' if HIREDIS_AVAILABLE else 'WITHOUT'} hiredis"]
+            f"{config['appendfsync']}); redis-py {'with' if HIREDIS_AVAILABLE else 'WITHOUT'} "
+            "hiredis"]
 
 
 @contextlib.asynccontextmanager

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import os
 import re
 from collections.abc import Awaitable
 from datetime import timedelta
@@ -64,6 +65,18 @@ PAGE_CAP = 999
 #: How long closing waits for native calls whose callers were cancelled.
 CLOSE_WAIT = 30.0
 T = TypeVar("T")
+
+
+def _no_credentials() -> bool:
+    """Whether only the metadata service could supply an identity, and it is off."""
+    env = os.environ
+    if env.get("AWS_EC2_METADATA_DISABLED", "").strip().lower() != "true":
+        return False
+    sources = ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE",
+               "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+    return not any(env.get(name) for name in sources)
+
+
 #: Whether this process opened an obstore store: okq.store.exit_past_native_threads.
 OPENED = False
 
@@ -123,6 +136,15 @@ class ObstoreS3Store:
         OPENED = True
 
     def _key(self, key: str) -> str:
+        if _no_credentials():
+            # object_store would ask the EC2 metadata service (169.254.169.254)
+            # for an identity even where AWS_EC2_METADATA_DISABLED forbids it.
+            raise StorageError("no AWS credentials: AWS_EC2_METADATA_DISABLED is set and "
+                               "no AWS_ACCESS_KEY_ID, web identity or container role is",
+                               key=key)
+        return self._full(key)
+
+    def _full(self, key: str) -> str:
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
@@ -246,6 +268,8 @@ class ObstoreS3Store:
     async def list(
         self, prefix: str, *, start_after: str | None = None, limit: int = 1000
     ) -> ListPage:
+        if _no_credentials():
+            self._key(prefix or "-")  # raises the same StorageError as every other call
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
         # object_store lists whole path segments: ask for the parent, keep what
         # starts with the prefix, and stop once the names are past it.

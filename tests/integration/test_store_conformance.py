@@ -628,3 +628,22 @@ async def test_file_store_cas_across_processes(tmp_path: Path) -> None:
         f"p{n}:{i}" for n in range(processes) for i in range(count)
     )
     assert conflicts > 0, "the processes never raced: the test proved nothing"
+
+
+async def test_obstore_sends_nothing_without_credentials_when_the_metadata_service_is_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """object_store would ask 169.254.169.254 for an identity even with
+    AWS_EC2_METADATA_DISABLED set; okq's store refuses before any request."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    store = open_store("s3://b/p?client=obstore", endpoint_url="http://127.0.0.1:9")
+    try:
+        for call in (store.get("k"), store.put("k", b"x"), store.list("k")):
+            with pytest.raises(StorageError, match="no AWS credentials"):
+                await call
+    finally:
+        await store.close()
