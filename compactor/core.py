@@ -63,6 +63,7 @@ from okq.model import (
     SegmentMeta,
     encode_lease,
     encode_segment,
+    fresh_due_ms,
     fresh_ready_ms,
     new_nonce,
 )
@@ -359,6 +360,8 @@ class Compactor:
                                  if_none_match=True)
         min_ready = min((r for r, _, _ in moved), default=now)
         meta = SegmentMeta(sid, len(moved), now, len(data), min(min_ready, now))
+        meta.last_due_ms = max((fresh_due_ms(meta, item) for _, item, st in moved if st is None),
+                               default=0)
         return meta, [s.meta.id for s in group], len(moved)
 
     async def _commit(

@@ -148,7 +148,10 @@ class Publisher:
         self.segments_written += 1
         if self.on_written is not None:  # the first lease of it needs no GET here
             self.on_written(segment, len(data))
-        return SegmentMeta(seg_id, len(items), now, len(data))
+        # The latest due time rides in the manifest: stats count the segment unread.
+        last_due = max((i.enqueue_at_ms for i in items
+                        if i.enqueue_at_ms is not None and i.enqueue_at_ms > now), default=0)
+        return SegmentMeta(seg_id, len(items), now, len(data), None, last_due)
 
     async def _publish_segment(
         self, items: list[NewItem], fresh: list[int], ids: list[str | None]

@@ -1,9 +1,17 @@
 """Read-only views: browsing a queue's live items and its stats, read fresh from
-the store (one GET per segment: an operator's call, not a hot path).
+the store.
+
+Browsing reads one segment per page step (an operator's call, not a hot path).
+Stats must stay quick on a deep backlog: one LIST of the queue's lease objects
+tells which segments were never leased, and such a segment whose manifest entry
+says all its items are due is counted from the manifest alone; the others are
+read concurrently (at most :data:`STATS_READS` at a time). A queue of a few
+segments GETs each lease object instead: S3 bills a LIST as 12.5 GETs.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +21,9 @@ from okq.errors import (
 )
 from okq.keys import (
     item_id,
+    leases_prefix,
     parse_item_id,
+    segment_key,
 )
 from okq.model import (
     DONE,
@@ -26,9 +36,11 @@ from okq.model import (
     SegmentItem,
     SegmentMeta,
     dead_letter_source,
+    decode_segment,
     fresh_due_ms,
     fresh_ready_ms,
 )
+from okq.store.base import list_all
 
 if TYPE_CHECKING:
     from okq.runtime import QueueRuntime, Runtime
@@ -44,6 +56,14 @@ class BrowsedItem:
     payload: bytes
     meta: dict[str, Any] | None
     error: str | None
+
+
+#: Segments (with their lease objects) that stats reads at once: bounds the
+#: memory a deep backlog's stats take and the burst of GETs on the store.
+STATS_READS = 32
+#: Stats LIST the lease objects of a queue of more segments than this, and GET
+#: each one of a smaller queue: S3 bills a LIST at 12.5 times a GET.
+STATS_LIST_ABOVE = 12
 
 
 @dataclass
@@ -115,23 +135,57 @@ class Views:
         return _live(await self._count(q, m))
 
     async def _count(self, q: QueueRuntime, m: Manifest) -> QueueStats:
-        """A queue's items counted by state (``dead`` left at 0)."""
+        """A queue's items counted by state (``dead`` left at 0).
+
+        Segments without a lease object whose manifest entry tells enough
+        (:func:`_needs_items`) are counted unread; the others concurrently."""
         now = self.rt.clock.now_ms()
         s = QueueStats(q.name, segments=len(m.segments))
-        oldest: int | None = None
+        leased = await self._with_lease_objects(q, m)
+        gate = asyncio.Semaphore(STATS_READS)
+        untouched = LeaseObject("")
+        found: list[int | None] = []
+        reads = []
         for sm in m.segments:
-            obj, seg = await self._read(q, sm)
-            for idx in range(sm.count):
-                st = obj.items.get(idx)
-                state, _ = _classify(st, sm, seg.items[idx], now)
-                if state == "completed" and _redriven(st, seg.items[idx]):
-                    state = "redriven"
-                setattr(s, state, getattr(s, state) + 1)
-                if state == "available":
-                    born = seg.items[idx].born_ms or sm.created_ms
-                    oldest = born if oldest is None else min(oldest, born)
+            if sm.id in leased or _needs_items(sm, untouched, now):
+                reads.append(self._count_read(q, sm, sm.id in leased, gate, s, now))
+            else:
+                found.append(_tally(s, sm, untouched, None, now))
+        found.extend(await asyncio.gather(*reads))
+        oldest = min((b for b in found if b is not None), default=None)
         s.oldest_age_s = 0.0 if oldest is None else max(0, now - oldest) / 1000
         return s
+
+    async def _with_lease_objects(self, q: QueueRuntime, m: Manifest) -> set[str]:
+        """The segments of the queue that have a lease object (one LIST per 1,000):
+        the others were never leased, so all their items are fresh. Every segment
+        of a queue of a few: their lease objects are read, a LIST would cost more."""
+        if len(m.segments) <= STATS_LIST_ABOVE:
+            return {sm.id for sm in m.segments}
+        prefix = leases_prefix(self.rt.ns, q.name)
+        return {info.key[len(prefix):] async for info in list_all(self.rt.store, prefix)}
+
+    async def _count_read(self, q: QueueRuntime, sm: SegmentMeta, leased: bool,
+                          gate: asyncio.Semaphore, s: QueueStats, now: int) -> int | None:
+        """Count one segment that needs a read: its lease object, if it has one,
+        then its items, if the lease object and the manifest do not tell enough."""
+        async with gate:
+            obj = LeaseObject(sm.id)
+            if leased:
+                cell = self.rt.lease_cell(q, sm.id)
+                await cell.refresh()
+                obj = cell.view() or obj  # not changed here: the readers' shared copy
+            seg = await self._items(q, sm) if _needs_items(sm, obj, now) else None
+        return _tally(s, sm, obj, seg, now)
+
+    async def _items(self, q: QueueRuntime, sm: SegmentMeta) -> Segment:
+        """A segment, from the cache if there, else read and decoded without being
+        cached: a deep backlog's stats must not push the lease path's segments out."""
+        seg = self.rt.segments.get(sm.id)
+        if seg is None:
+            blob = await self.rt.store.get(segment_key(self.rt.ns, q.name, sm.id))
+            seg = decode_segment(blob.data)
+        return seg
 
     async def _read(self, q: QueueRuntime, sm: SegmentMeta) -> tuple[LeaseObject, Segment]:
         """A segment and its lease object read fresh (the views count what is true now)."""
@@ -156,16 +210,96 @@ def _classify(st: ItemState | None, sm: SegmentMeta, item: SegmentItem,
     """An item's state as stats counts it (a QueueStats field), and its ready time.
     A fresh item is available once due (0 when not scheduled), whatever its
     producer's clock said of its ready time."""
-    ready = tr.ready_at(st, fresh_ready_ms(sm, item))
-    if st is not None and st.s == LEASED and st.t > now:
+    if st is not None:
+        return _state_of(st, now)
+    ready = fresh_ready_ms(sm, item)
+    if ready <= now or fresh_due_ms(sm, item) <= now:
+        return "available", ready
+    return "scheduled", ready
+
+
+def _state_of(st: ItemState, now: int) -> tuple[str, int | None]:
+    """A leased-before item's state as stats counts it, and its ready time: its
+    lease object's entry alone tells them."""
+    if st.s == LEASED and st.t > now:
         return "in_flight", st.t
+    ready = tr.ready_at(st, 0)
     if ready is not None:
-        if ready <= now or (st is None and fresh_due_ms(sm, item) <= now):
-            return "available", ready
-        return ("scheduled" if st is None else "waiting_retry"), ready
-    if st is not None and st.s in (DONE, OUTPUTS_PENDING):
+        return ("available" if ready <= now else "waiting_retry"), ready
+    if st.s in (DONE, OUTPUTS_PENDING):
         return "completed", None
     return "dead_lettered", None
+
+
+def _first_born(sm: SegmentMeta) -> int | None:
+    """The earliest produce time of a segment's items, when its manifest entry
+    tells it: its creation for a segment a producer wrote (its items carry no
+    ``born_ms``); the merge's lower bound of ready times for a merged segment
+    with nothing scheduled (ready == born for each item), unless that bound was
+    capped at the merge's own time (``created_ms``)."""
+    if sm.min_ready_ms is None:
+        return sm.created_ms
+    if sm.last_due_ms == 0 and sm.min_ready_ms < sm.created_ms:
+        return sm.min_ready_ms
+    return None
+
+
+def _needs_items(sm: SegmentMeta, obj: LeaseObject, now: int) -> bool:
+    """Whether counting a segment needs its items, given its lease object (an
+    empty one if it has none). Not when its manifest entry says every fresh item
+    is due by now, the items a lease object names were produced together (no
+    merge), and no completed item may be a redriven dead letter (its meta tells)."""
+    if sm.last_due_ms is None:  # listed by an older okq, or an outputs segment
+        return True
+    if obj.items:
+        if sm.min_ready_ms is not None:  # merged: each item has its own produce time
+            return True
+        if any(st.out is not None and st.s in (DONE, OUTPUTS_PENDING)
+               for st in obj.items.values()):
+            return True
+    elif _first_born(sm) is None:
+        return True
+    return sm.last_due_ms > now and sm.count > len(obj.items)
+
+
+def _tally(s: QueueStats, sm: SegmentMeta, obj: LeaseObject, seg: Segment | None,
+           now: int) -> int | None:
+    """Add a segment's items to ``s`` by state; returns the produce time of its
+    oldest available item. Without ``seg`` (:func:`_needs_items` said it is not
+    needed), every fresh item is available and produced at :func:`_first_born`."""
+    oldest: int | None = None
+    fresh = sm.count
+    for idx, st in obj.items.items():
+        if not 0 <= idx < sm.count:
+            continue
+        fresh -= 1
+        item = seg.items[idx] if seg is not None else None
+        state, _ = _state_of(st, now)
+        if state == "completed" and item is not None and _redriven(st, item):
+            state = "redriven"
+        setattr(s, state, getattr(s, state) + 1)
+        if state == "available":
+            oldest = _older(oldest, _born(sm, item))
+    if seg is None:
+        s.available += fresh
+        return _older(oldest, _first_born(sm)) if fresh else oldest
+    for idx, item in enumerate(seg.items[:sm.count]):
+        if idx in obj.items:
+            continue
+        state, _ = _classify(None, sm, item, now)
+        setattr(s, state, getattr(s, state) + 1)
+        if state == "available":
+            oldest = _older(oldest, _born(sm, item))
+    return oldest
+
+
+def _born(sm: SegmentMeta, item: SegmentItem | None) -> int:
+    """An item's produce time; without the item, the segment's (no merge)."""
+    return (item.born_ms if item is not None else None) or sm.created_ms
+
+
+def _older(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 #: What browsing calls the live states; the others are gone from the user's view.
