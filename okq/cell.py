@@ -95,7 +95,8 @@ class Cell(Generic[T]):
         except ObjectNotFound:
             self.etag, self.data = None, None
         else:
-            self.etag, self.data = blob.etag, blob.data
+            if blob.etag != self.etag or self.data is None:  # unchanged: keep the decoded view
+                self.etag, self.data = blob.etag, blob.data
         self.fetched_ms = self.clock.now_ms()
 
     async def read(self, max_age_ms: int = 0) -> T | None:

@@ -192,6 +192,7 @@ class Scheduler:
                 q.manifest.forget()
                 continue
             penalty = backoff if now - cell.conflict_ms < backoff else 0
+            taken = 0
             for order, idx, due in summary.ready:
                 if due > now or order > horizon:
                     soon = max(due, order) if order > horizon else due
@@ -200,6 +201,9 @@ class Scheduler:
                         break
                     continue
                 cands.append((order + penalty, sm.id, idx, due))
+                taken += 1
+                if taken == n:  # the rest of this segment comes later in line
+                    break
             self._note_stalled(q, sm, summary, now)
         cands.sort()
         return cands[:n], next_ready
