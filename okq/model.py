@@ -192,6 +192,10 @@ class ItemState:
     # The request that made this state (a lease or a retry): a writer whose write
     # was ambiguous and then overwritten recognises its own change by it.
     rq: str | None = None
+    # (index, its msgpack map entry) once encoded: a state is never changed in
+    # place, so a lease object re-encodes only the states new since its last write.
+    packed: tuple[int, bytes] | None = field(default=None, init=False, repr=False,
+                                             compare=False)
 
     def pack(self) -> list[Any]:
         packed = [self.s, self.v, self.attempts, self.t, self.err]
@@ -316,16 +320,45 @@ def _segment_item(fields: Any) -> SegmentItem:
 
 
 def encode_lease(o: LeaseObject) -> bytes:
-    return _pack(
-        "lease",
-        {
-            "segment": o.segment,
-            "items": {i: st.pack() for i, st in o.items.items()},
-            "ver": o.ver,
-            "nonce": o.nonce,
-            "sealed": o.sealed,
-        },
-    )
+    """The lease object as ``_pack`` would write it, its item map joined from each
+    state's cached bytes: a write packs only the states that are new since the
+    last one (a segment's tombstones pile up until compaction)."""
+    items = b"".join([
+        p[1] if (p := st.packed) is not None and p[0] == index else _pack_state(index, st)
+        for index, st in o.items.items()
+    ])
+    return b"".join([
+        _LEASE_HEAD, _packb(o.segment), b"\xa5items", _map_header(len(o.items)), items,
+        b"\xa3ver", _packb(o.ver), b"\xa5nonce", _packb(o.nonce), b"\xa6sealed",
+        _packb(o.sealed),
+    ])
+
+
+def _pack_state(index: int, st: ItemState) -> bytes:
+    key = _INDEX_BYTES[index] if index < len(_INDEX_BYTES) else _packb(index)
+    packed = key + _packb(st.pack())
+    st.packed = (index, packed)
+    return packed
+
+
+def _packb(value: Any) -> bytes:
+    out: bytes = msgpack.packb(value, use_bin_type=True)
+    return out
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    if n < 0x10000:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+#: Item indexes as msgpack map keys, for the common sizes of a segment.
+_INDEX_BYTES = [msgpack.packb(i) for i in range(4096)]
+#: {"f": "lease", "v": FORMAT_VERSION, "segment": ...}: a map of 7, its first keys.
+_LEASE_HEAD = b"\x87" + _packb("f") + _packb("lease") + _packb("v") + _packb(FORMAT_VERSION) \
+    + _packb("segment")
 
 
 def decode_lease(data: bytes) -> LeaseObject:

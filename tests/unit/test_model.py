@@ -404,3 +404,34 @@ def test_config_round_trips_through_model_dump() -> None:
         lease_timeout=3, retention=10, max_attempts=2, dead_queue="dlq", retention_dead_letter=True
     )
     assert QueueConfig.model_validate(c.model_dump()) == c
+
+
+def test_lease_objects_encode_as_one_map_whatever_the_cached_states() -> None:
+    """encode_lease joins each state's cached bytes: the result is exactly the
+    generic encoding, also once states were cached, replaced, or share an object
+    under two indexes, and for maps of every header size."""
+    import random
+    from dataclasses import replace
+
+    from okq.model import _pack
+
+    def generic(o: LeaseObject) -> bytes:
+        return _pack("lease", {"segment": o.segment,
+                               "items": {i: st.pack() for i, st in o.items.items()},
+                               "ver": o.ver, "nonce": o.nonce, "sealed": o.sealed})
+
+    rng = random.Random(7)
+    for n in (0, 1, 15, 16, 4095, 4097, 70_000):
+        o = LeaseObject("seg", ver=n, nonce="n", sealed=n % 2 == 1)
+        for i in range(n):
+            o.items[i] = ItemState(rng.choice("LWDXZP"), i, 1, 1_700_000_000_000 + i,
+                                   "boom" if i % 7 == 0 else None,
+                                   ["q", "s", 1, 2, 3] if i % 11 == 0 else None,
+                                   "rq" if i % 5 == 0 else None)
+        assert encode_lease(o) == generic(o)
+        assert encode_lease(o) == generic(o)  # now from the cached bytes
+        if n:
+            o.items[0] = replace(o.items[0], t=1)  # a new state: packed afresh
+            o.items[n] = o.items[n - 1]  # one state object under two indexes
+        assert encode_lease(o) == generic(o)
+        assert decode_lease(encode_lease(o)).items == o.items
