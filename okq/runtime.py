@@ -56,7 +56,10 @@ class EngineOptions:
     linger: float = 0.005  # produce group-commit window
     publish_timeout: float = 60.0  # a segment must be published within this
     idem_window: float = 300.0  # how long producer idempotency keys are kept
-    max_segment_items: int = 10_000
+    # A lease costs time in proportion to its segment's items (the lease object is
+    # copied, summarised and written whole), so a segment holds at most one full
+    # produce call (--max-batch): backlog growth does not slow leases.
+    max_segment_items: int = 1_000
     max_segment_bytes: int = 16 << 20
     max_item_bytes: int = 1 << 20
     max_batch: int = 1000
