@@ -320,7 +320,36 @@ class AccountProcess(Process):
                 stderr=subprocess.STDOUT, start_new_session=True, **as_account(self.account))
 
 
-class PostgresServer(Server):
+class OneProcess(Server):
+    """A server that is one process of ours: its pid, a wait until it answers, a stop."""
+
+    process: Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None and self.process.pid is not None
+        return self.process.pid
+
+    def _await_ready(self, ready: Callable[[], bool], what: str, timeout: float,
+                     poll: float = 0.05) -> None:
+        """Wait until ``ready()``; stop and raise with the log's tail if the process
+        died or ``timeout`` passed first."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if not self.process.alive() or time.monotonic() > deadline:
+                tail = self.process.tail()
+                self.stop()
+                raise RuntimeError(f"{what}:\n{tail}")
+            time.sleep(poll)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(15)
+            self.process = None
+
+
+class PostgresServer(OneProcess):
     """initdb into a temporary directory and run ``postgres`` on a loopback port."""
 
     user = "bench"
@@ -330,11 +359,6 @@ class PostgresServer(Server):
         self.port = 0
         self.root: Path | None = None
         self.process: AccountProcess | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None and self.process.pid is not None
-        return self.process.pid
 
     def start(self) -> Self:
         bindir = postgres_bindir(self.bindir_given)
@@ -348,7 +372,7 @@ class PostgresServer(Server):
             self.process = AccountProcess("postgres", argv, self.root / "postgres.log",
                                           account, self.root)
             self.process.start()
-            self._wait()
+            self._await_ready(lambda: port_answers(self.port), "postgres did not listen", 60)
         except BaseException:
             self.stop()
             raise
@@ -366,14 +390,6 @@ class PostgresServer(Server):
             cwd=self.root, capture_output=True, text=True, **as_account(account))
         if done.returncode:
             raise RuntimeError(f"initdb failed:\n{done.stdout}{done.stderr}")
-
-    def _wait(self, timeout: float = 60) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while not port_answers(self.port):
-            if not self.process.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"postgres did not listen:\n{self.process.tail()}")
-            time.sleep(0.05)
 
     def stop(self) -> None:
         """SIGINT: PostgreSQL's fast shutdown."""
@@ -505,18 +521,13 @@ async def open_postgres(work: Path, args: argparse.Namespace) -> AsyncIterator[P
             await listener.close()
 
 
-class RedisServer(Server):
+class RedisServer(OneProcess):
     """redis-server on a loopback port with its defaults (snapshots into its dir)."""
 
     def __init__(self, work: Path) -> None:
         self.dir = work / "redis"
         self.port = 0
         self.process: Process | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None and self.process.pid is not None
-        return self.process.pid
 
     def start(self) -> Self:
         binary = shutil.which("redis-server")
@@ -528,19 +539,9 @@ class RedisServer(Server):
                 "--dir", str(self.dir), "--daemonize", "no"]
         self.process = Process("redis", argv, self.dir / "redis.log", cwd=self.dir)
         self.process.start()
-        deadline = time.monotonic() + 30
-        while not port_answers(self.port):
-            if not self.process.alive() or time.monotonic() > deadline:
-                tail = self.process.tail()
-                self.stop()
-                raise RuntimeError(f"redis-server did not listen:\n{tail}")
-            time.sleep(0.02)
+        self._await_ready(lambda: port_answers(self.port), "redis-server did not listen", 30,
+                          0.02)
         return self
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop(15)
-            self.process = None
 
 
 class RedisQueue(Peer):
@@ -608,7 +609,7 @@ async def open_redis(work: Path, args: argparse.Namespace) -> AsyncIterator[Peer
             await client.aclose()
 
 
-class OkqNode(Server):
+class OkqNode(OneProcess):
     """One ``okq serve`` on loopback (its own session: a Ctrl-C reaches only us)."""
 
     def __init__(self, store: str, work: Path, extra: Sequence[str] = ()) -> None:
@@ -618,11 +619,6 @@ class OkqNode(Server):
         self.url = ""
         self.process: Process | None = None
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None and self.process.pid is not None
-        return self.process.pid
-
     def start(self) -> Self:
         port = free_port()
         self.url = f"http://{HOST}:{port}"
@@ -631,19 +627,9 @@ class OkqNode(Server):
         env = client_environment({"OKQ_SIGNING_KEYS": secrets.token_hex(32)})
         self.process = Process("okq", argv, self.work / f"okq-{port}.log", env=env, cwd=ROOT)
         self.process.start()
-        deadline = time.monotonic() + 60
-        while http_status("GET", f"{self.url}/health", timeout=1) != 200:
-            if not self.process.alive() or time.monotonic() > deadline:
-                tail = self.process.tail()
-                self.stop()
-                raise RuntimeError(f"okq serve did not become healthy:\n{tail}")
-            time.sleep(0.05)
+        self._await_ready(lambda: http_status("GET", f"{self.url}/health", timeout=1) == 200,
+                          "okq serve did not become healthy", 60)
         return self
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop(15)
-            self.process = None
 
 
 class OkqQueue(Peer):

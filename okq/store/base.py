@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlparse
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +111,12 @@ def validate_key(key: str) -> str:
         if part in ("", ".", "..") or part.startswith(".tmp-"):
             raise ValueError(f"invalid object key {key!r}")
     return key
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket[/prefix]`` -> (bucket, prefix without slashes at its ends)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(f"expected s3://bucket[/prefix], got {url!r}")
+    return parsed.netloc, parsed.path.strip("/")
+

@@ -43,7 +43,6 @@ import re
 from collections.abc import Awaitable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlparse
 
 import aiohttp
 import obstore
@@ -51,7 +50,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import S3Store as _ObjectStoreS3
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
+from okq.store.base import Blob, ListPage, ObjectInfo, split_s3_url, validate_key
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -107,12 +106,8 @@ class ObstoreS3Store:
         pool_size: int = 64,
         timeout: float = 30.0,
     ) -> None:
-        parsed = urlparse(url)
-        if parsed.scheme != "s3" or not parsed.netloc:
-            raise ValueError(f"expected s3://bucket[/prefix], got {url!r}")
         self.url = url
-        self.bucket = parsed.netloc
-        self.prefix = parsed.path.strip("/")
+        self.bucket, self.prefix = split_s3_url(url)
         self._endpoint_url = endpoint_url
         self._timeout = timeout
         config: S3Config = {"region": region or "us-east-1"}

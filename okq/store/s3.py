@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 from contextlib import AsyncExitStack
 from typing import Any
-from urllib.parse import urlparse
 
 import aioboto3
 from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
+from okq.store.base import Blob, ListPage, ObjectInfo, split_s3_url, validate_key
 
 
 def _status(exc: ClientError) -> int:
@@ -45,12 +44,8 @@ class S3Store:
         pool_size: int = 64,
         timeout: float = 30.0,
     ) -> None:
-        parsed = urlparse(url)
-        if parsed.scheme != "s3" or not parsed.netloc:
-            raise ValueError(f"expected s3://bucket[/prefix], got {url!r}")
         self.url = url
-        self.bucket = parsed.netloc
-        self.prefix = parsed.path.strip("/")
+        self.bucket, self.prefix = split_s3_url(url)
         self._endpoint_url = endpoint_url
         self._region = region
         self._config = AioConfig(
