@@ -130,7 +130,6 @@ class Scheduler:
             lease_ms = int(lease_timeout * 1000) if lease_timeout else m.config.lease_ms
             out: list[LeasedItem] = []
             next_ready: int | None = None
-            metas = {sm.id: sm for sm in m.segments}
             idle = 0
             # Passes until the batch is full. A pass can fall short: items lost to
             # another engine, or out of attempts and dead-lettered instead. Stop
@@ -139,12 +138,12 @@ class Scheduler:
                 picks, next_ready = await self._pick(q, m, n - len(out))
                 if not picks:
                     break
-                groups: dict[str, list[tuple[int, int]]] = {}
-                for _, sid, idx, due in picks:
-                    groups.setdefault(sid, []).append((idx, due))
+                groups: dict[str, tuple[SegmentMeta, list[tuple[int, int]]]] = {}
+                for _, sid, idx, due, sm in picks:
+                    groups.setdefault(sid, (sm, []))[1].append((idx, due))
                 results = await asyncio.gather(*(
-                    self._lease_in(q, m.config, metas[s], w, lease_ms, fresh_cfg)
-                    for s, w in groups.items()
+                    self._lease_in(q, m.config, sm, w, lease_ms, fresh_cfg)
+                    for sm, w in groups.values()
                 ))
                 progress = 0
                 for items, dead, _ in results:
@@ -155,17 +154,16 @@ class Scheduler:
                     # the queue's settings read now (a raised max_attempts or a new
                     # dead queue must count).
                     m, fresh_cfg = await self.rt.manifest(q, 0), True
-                    metas = {sm.id: sm for sm in m.segments}
                     progress += 1
                 idle = 0 if progress else idle + 1
             return out, next_ready
 
     async def _pick(
         self, q: QueueRuntime, m: Manifest, n: int
-    ) -> tuple[list[tuple[int, str, int, int]], int | None]:
+    ) -> tuple[list[tuple[int, str, int, int, SegmentMeta]], int | None]:
         """Choose up to n ready items, oldest ready time first.
 
-        Returns (sort key, segment, index, fresh ready time) and the earliest
+        Returns (sort key, segment id, index, fresh ready time, segment) and the earliest
         future ready time seen, for the long poll.
         """
         now = self.rt.clock.now_ms()
@@ -177,7 +175,7 @@ class Scheduler:
             q.seen_ver = m.ver
         backoff = int(self.rt.opts.contention_backoff * 1000)
         horizon = now + int(2000 * self.rt.opts.max_clock_skew)  # fresh items from clocks ahead
-        cands: list[tuple[int, str, int, int]] = []
+        cands: list[tuple[int, str, int, int, SegmentMeta]] = []
         next_ready: int | None = None
         budget = [self.rt.opts.lease_state_reads]
         for sm in _scan_order(m):
@@ -200,7 +198,7 @@ class Scheduler:
                     if order > horizon:
                         break
                     continue
-                cands.append((order + penalty, sm.id, idx, due))
+                cands.append((order + penalty, sm.id, idx, due, sm))
                 taken += 1
                 if taken == n:  # the rest of this segment comes later in line
                     break
