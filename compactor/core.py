@@ -80,7 +80,9 @@ class CompactorOptions:
     # than any engine operation that may still work from an older manifest.
     lease_grace: float = 60.0
     merge_below: int = 500  # segments with fewer live items are merge candidates
-    merge_target: int = 10_000  # most items in one merged segment
+    # Most items in one merged segment: as many as a produce may put in one
+    # (EngineOptions.max_segment_items), since a lease's work grows with its segment.
+    merge_target: int = 1_000
     merge_target_bytes: int = 16 << 20
     # Seconds a segment must have existed before a pass folds, merges or seals
     # it. None: the engine's publish timeout plus twice its clock-skew bound, so
