@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from okq.client import Client
 from okq.localfleet import store_requests_of
-from tests.nodes import KEYS, free_port
+from tests.nodes import okq_node
 from tests.servers import BUCKET, SeaweedServer, ensure_dummy_credentials
 
 BATCH = 100
@@ -90,40 +89,9 @@ def peak_rss_mib(pid: int) -> float:
 @contextmanager
 def node(loop: str, store: str, endpoint: str | None, tmp: Path) -> Iterator[tuple[int, str]]:
     """``okq serve`` on ``loop``: yields its pid and URL once it answers /health."""
-    port = free_port()
-    args = [sys.executable, "-c", LOOPS[loop], "serve", "--store", store, "--port", str(port),
-            "--log-level", "WARNING"]
-    if endpoint:
-        args += ["--endpoint-url", endpoint]
-    log = tmp / f"node-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "OKQ_SIGNING_KEYS": KEYS})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url, log)
-        yield proc.pid, url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"okq serve exited: {log.read_text(errors='replace')}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"okq serve did not become healthy: {log.read_text(errors='replace')}")
+    with okq_node(store, tmp, endpoint_url=endpoint,
+                  command=[sys.executable, "-c", LOOPS[loop]]) as n:
+        yield n.proc.pid, n.url
 
 
 def store_requests(url: str) -> dict[str, float]:

@@ -67,10 +67,13 @@ def okq_node(
     keys: str | None = KEYS,
     extra: list[str] | None = None,
     env: dict[str, str] | None = None,
+    command: list[str] | None = None,
 ) -> Iterator[Node]:
+    """``okq serve`` on a free loopback port, stopped on exit; ``command`` replaces
+    ``python -m okq.cli`` (a benchmark that starts okq's entry point its own way)."""
     port = free_port()
-    args = [sys.executable, "-m", "okq.cli", "serve", "--store", store, "--port", str(port),
-            "--log-level", "WARNING", *(extra or [])]
+    args = [*(command or [sys.executable, "-m", "okq.cli"]), "serve", "--store", store,
+            "--port", str(port), "--log-level", "WARNING", *(extra or [])]
     if endpoint_url:
         args += ["--endpoint-url", endpoint_url]
     full_env = {**os.environ, **(env or {})}

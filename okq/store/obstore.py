@@ -127,19 +127,21 @@ class ObstoreS3Store:
         self._http: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
         self._inflight: set[asyncio.Future[Any]] = set()
+        # Read when object_store reads its identity: at construction, from the env.
+        self._no_identity = _no_credentials()
         global OPENED
         OPENED = True
 
-    def _key(self, key: str) -> str:
-        if _no_credentials():
-            # object_store would ask the EC2 metadata service (169.254.169.254)
-            # for an identity even where AWS_EC2_METADATA_DISABLED forbids it.
+    def _check_identity(self, key: str) -> None:
+        """Refuse before any request when only the metadata service could give an
+        identity and it is off: object_store would ask it (169.254.169.254) anyway."""
+        if self._no_identity:
             raise StorageError("no AWS credentials: AWS_EC2_METADATA_DISABLED is set and "
                                "no AWS_ACCESS_KEY_ID, web identity or container role is",
                                key=key)
-        return self._full(key)
 
-    def _full(self, key: str) -> str:
+    def _key(self, key: str) -> str:
+        self._check_identity(key)
         validate_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
@@ -263,8 +265,7 @@ class ObstoreS3Store:
     async def list(
         self, prefix: str, *, start_after: str | None = None, limit: int = 1000
     ) -> ListPage:
-        if _no_credentials():
-            self._key(prefix or "-")  # raises the same StorageError as every other call
+        self._check_identity(prefix)
         full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
         # object_store lists whole path segments: ask for the parent, keep what
         # starts with the prefix, and stop once the names are past it.
