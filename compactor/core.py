@@ -354,7 +354,7 @@ class Compactor:
         segment = Segment(sid, queue, now, now, [item for _, item, _ in moved])
         data = encode_segment(segment)
         await self.store.put(segment_key(self.ns, queue, sid), data, if_none_match=True)
-        waiting = {n: ItemState(st.s, st.v, st.attempts, st.t, st.err)
+        waiting = {n: ItemState(st.s, st.v, st.attempts, st.t, st.err, first=st.first)
                    for n, (_, _, st) in enumerate(moved) if st is not None}
         if waiting:
             obj = LeaseObject(sid, waiting, ver=1, nonce=new_nonce())

@@ -71,8 +71,9 @@ class Admin:
         q.manifest.forget()
         return self._info(m)
 
-    async def get_queue(self, name: str) -> QueueInfo:
-        return self._info(await self.rt.manifest(self.rt.queue(name), 0))
+    async def get_queue(self, name: str, max_age: float = 0) -> QueueInfo:
+        """The queue's info, read no longer than ``max_age`` seconds ago."""
+        return self._info(await self.rt.manifest(self.rt.queue(name), max_age))
 
     async def update_queue(self, name: str, **changes: Any) -> QueueInfo:
         """Change settings; those not named keep their values. A new ``dead_queue`` is

@@ -117,8 +117,8 @@ class Engine:
         """Create a queue; with ``exist_ok`` an existing one is returned unchanged."""
         return await self.admin.create_queue(name, config, exist_ok=exist_ok)
 
-    async def get_queue(self, name: str) -> QueueInfo:
-        return await self.admin.get_queue(name)
+    async def get_queue(self, name: str, max_age: float = 0) -> QueueInfo:
+        return await self.admin.get_queue(name, max_age)
 
     async def update_queue(self, name: str, **changes: Any) -> QueueInfo:
         """Change settings; those not named keep their values."""

@@ -186,9 +186,22 @@ Operation = Publish | PublishWritten | UpdateConfig | Purge | CompactionCommit
 
 
 def merged_config(config: QueueConfig, changes: dict[str, Any]) -> QueueConfig:
-    """``config`` with ``changes`` applied and validated (an InvalidRequest names the field)."""
+    """``config`` with ``changes`` applied and validated (an InvalidRequest names the field).
+
+    ``attributes`` are merged key by key, a None value removing its key: two front-end
+    calls that change different attributes at once both land (this runs in the CAS).
+    """
+    merged = {**config.model_dump(), **changes}
+    if "attributes" in changes:
+        attributes = dict(config.attributes)
+        for key, value in (changes["attributes"] or {}).items():
+            if value is None:
+                attributes.pop(key, None)
+            else:
+                attributes[key] = value
+        merged["attributes"] = attributes
     try:
-        return QueueConfig.model_validate({**config.model_dump(), **changes})
+        return QueueConfig.model_validate(merged)
     except ValidationError as exc:
         first = exc.errors()[0]
         name = ".".join(str(p) for p in first["loc"]) or "config"

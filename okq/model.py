@@ -59,6 +59,11 @@ class QueueConfig(BaseModel):
     retention_dead_letter: bool = Field(
         False, description="move items past retention to the dead-letter queue, not drop them"
     )
+    attributes: dict[str, str] = Field(
+        default_factory=dict,
+        description="front ends' own settings of the queue (the SQS API's attributes and "
+        "tags), kept with it and not read by the engine",
+    )
 
     @field_validator("dead_queue")
     @classmethod
@@ -192,6 +197,10 @@ class ItemState:
     # The request that made this state (a lease or a retry): a writer whose write
     # was ambiguous and then overwritten recognises its own change by it.
     rq: str | None = None
+    # When the item was first leased (ms), kept by the states of an item that may
+    # be leased again (L, W): the SQS front end's ApproximateFirstReceiveTimestamp.
+    # A trailing field: older readers ignore it (and drop it when they rewrite).
+    first: int | None = None
     # (index, its msgpack map entry) once encoded: a state is never changed in
     # place, so a lease object re-encodes only the states new since its last write.
     packed: tuple[int, bytes] | None = field(default=None, init=False, repr=False,
@@ -199,14 +208,17 @@ class ItemState:
 
     def pack(self) -> list[Any]:
         packed = [self.s, self.v, self.attempts, self.t, self.err]
+        if self.first is not None:
+            return [*packed, self.out, self.rq, self.first]
         if self.rq is not None:
             return [*packed, self.out, self.rq]
         return packed if self.out is None else [*packed, self.out]
 
     @classmethod
     def unpack(cls, raw: list[Any]) -> ItemState:
-        return cls(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5] if len(raw) > 5 else None,
-                   raw[6] if len(raw) > 6 else None)
+        n = len(raw)
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5] if n > 5 else None,
+                   raw[6] if n > 6 else None, raw[7] if n > 7 else None)
 
 
 @dataclass(slots=True)
@@ -245,13 +257,22 @@ def _unpack(kind: str, data: bytes) -> dict[str, Any]:
     return raw
 
 
+def _config_dump(config: QueueConfig) -> dict[str, Any]:
+    """The config as a manifest keeps it: without ``attributes`` while there are
+    none, so that okq versions that know no such field still read the queue."""
+    dump = config.model_dump()
+    if not dump["attributes"]:
+        del dump["attributes"]
+    return dump
+
+
 def encode_manifest(m: Manifest) -> bytes:
     return _pack(
         "manifest",
         {
             "queue": m.queue,
             "created": m.created_ms,
-            "config": m.config.model_dump(),
+            "config": _config_dump(m.config),
             "segments": [s.pack() for s in m.segments],
             "idem": m.idem,
             "produced": m.produced,

@@ -53,6 +53,7 @@ class LeasedItem:
     produced_ms: int
     enqueue_at_ms: int | None = None
     meta: dict[str, Any] | None = None
+    first_leased_ms: int | None = None  # when the item was first leased
 
 
 @dataclass
@@ -292,6 +293,7 @@ class Scheduler:
             produced_ms=item.born_ms or sm.created_ms,
             enqueue_at_ms=item.enqueue_at_ms,
             meta=item.meta,
+            first_leased_ms=x.first_ms,
         )
 
 

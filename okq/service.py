@@ -223,8 +223,10 @@ class QueueService:
     async def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
         return await self.engine.create_queue(name, config)
 
-    async def queue(self, name: str) -> QueueInfo:
-        return await self.engine.get_queue(name)
+    async def queue(self, name: str, max_age: float = 0) -> QueueInfo:
+        """A queue's info; ``max_age`` lets a front end take it from the manifest cache
+        (a per-message read of settings, such as the SQS API's delay and long poll)."""
+        return await self.engine.get_queue(name, max_age)
 
     async def queues(self) -> list[QueueInfo]:
         """Every queue of the namespace; one deleted while listing is left out."""

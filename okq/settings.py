@@ -105,6 +105,34 @@ class Settings(BaseSettings):
         "a holder that dies is replaced at once when its port refuses connections, "
         "after this long when it hangs",
     )
+    sqs: bool = Field(
+        True,
+        description="serve the SQS-compatible API on the same port (docs/SQS.md); it "
+        "answers only requests signed with an --sqs-keys key, unless --sqs-unsigned",
+    )
+    sqs_keys: SecretStr | None = Field(
+        None,
+        description="comma-separated ACCESS_KEY_ID:SECRET_ACCESS_KEY[:NAMESPACE] for the SQS "
+        "API (AWS Signature Version 4); a key acts in its namespace (default: the node's)",
+    )
+    sqs_keys_file: Path | None = Field(
+        None, description="file with one ACCESS_KEY_ID:SECRET[:NAMESPACE] per line "
+        "(instead of sqs_keys)",
+    )
+    sqs_unsigned: bool = Field(
+        False,
+        description="also accept unsigned SQS requests, acting in the node's namespace: for "
+        "local development only, never where others can reach the port",
+    )
+    sqs_region: str = Field(
+        "us-east-1", pattern=r"^[a-z0-9-]{1,32}$",
+        description="the region in the SQS API's queue ARNs",
+    )
+    sqs_url: str | None = Field(
+        None,
+        description="the base of the SQS API's queue URLs, e.g. https://queues.example.com "
+        "(default: the scheme and Host of each request)",
+    )
     self_check: bool = Field(True, description="check the store honours conditional writes")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
 
@@ -148,6 +176,26 @@ class Settings(BaseSettings):
             return frozenset()
         return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",")
                          if k.strip())
+
+    def sqs_credentials(self) -> dict[str, tuple[str, str]]:
+        """The SQS API's keys: access key id -> (secret, namespace)."""
+        if self.sqs_keys is not None:
+            lines = self.sqs_keys.get_secret_value().split(",")
+        elif self.sqs_keys_file is not None:
+            lines = self.sqs_keys_file.read_text().splitlines()
+        else:
+            return {}
+        keys: dict[str, tuple[str, str]] = {}
+        for n, line in enumerate(x.strip() for x in lines):
+            if not line:
+                continue
+            parts = line.split(":")
+            if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+                raise ValueError(f"SQS key #{n + 1} is not ACCESS_KEY_ID:SECRET[:NAMESPACE]")
+            namespace = check_name(parts[2], "sqs_keys namespace") if len(parts) == 3 \
+                else self.namespace
+            keys[parts[0]] = (parts[1], namespace)
+        return keys
 
     def engine_options(self) -> EngineOptions:
         return EngineOptions(

@@ -48,6 +48,7 @@ class Leased:
     v: int
     attempts: int
     deadline_ms: int
+    first_ms: int  # when the item was first leased
 
 
 def ready_at(st: ItemState | None, fresh_ready_ms: int) -> int | None:
@@ -94,8 +95,10 @@ def lease(
             obj.items[index] = ItemState(DEAD_PENDING, v + 1, attempts, now, err, rq=rq)
             dead.append(index)
             continue
-        obj.items[index] = ItemState(LEASED, v + 1, attempts + 1, now + lease_ms, None, rq=rq)
-        leased.append(Leased(index, v + 1, attempts + 1, now + lease_ms))
+        first = st.first if st is not None and st.first is not None else now
+        obj.items[index] = ItemState(LEASED, v + 1, attempts + 1, now + lease_ms, None, rq=rq,
+                                     first=first)
+        leased.append(Leased(index, v + 1, attempts + 1, now + lease_ms, first))
     return leased, dead
 
 
@@ -111,7 +114,7 @@ def recognise(
     for index, fresh_ready in wanted:
         st = obj.items.get(index)
         if st is not None and st.rq == rq and st.s == LEASED:
-            leased.append(Leased(index, st.v, st.attempts, st.t))
+            leased.append(Leased(index, st.v, st.attempts, st.t, st.first or st.t))
         elif st is not None and st.rq == rq and st.s in (DEAD_PENDING, DEAD):
             dead.append(index)
         else:
@@ -185,7 +188,7 @@ def abandon_outputs(
     st = obj.items.get(index)
     if st is not None and st.s == OUTPUTS_PENDING and st.v == v:
         state = WAITING if back else DEAD_PENDING
-        obj.items[index] = ItemState(state, v, st.attempts, now, reason)
+        obj.items[index] = ItemState(state, v, st.attempts, now, reason, first=st.first)
         return True
     return Unchanged(False)
 
@@ -219,7 +222,7 @@ def retry(
         obj.items[index] = ItemState(DEAD_PENDING, v, attempts, now, error, rq=rq)
         return True
     ready = max(now, retry_at_ms or now)
-    obj.items[index] = ItemState(WAITING, v, attempts, ready, error, rq=rq)
+    obj.items[index] = ItemState(WAITING, v, attempts, ready, error, rq=rq, first=st.first)
     return False
 
 

@@ -9,7 +9,8 @@ its own module, imported in this order with no cycle:
   details}`` bodies, request metrics;
 - ``okq.server.handlers``: one function per endpoint;
 - ``okq.server.routes``: the route table;
-- ``okq.server.openapi``: the OpenAPI document, built from the route table.
+- ``okq.server.openapi``: the OpenAPI document, built from the route table;
+- ``okq.sqs``: the SQS-compatible API on the same port (unless ``--no-sqs``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from okq.server import openapi
 from okq.server.handlers import forward
 from okq.server.middleware import errors_and_metrics
 from okq.server.routes import OPERATIONS, ROUTES
-from okq.server.state import install
+from okq.server.state import METRICS, SERVICE, install
 from okq.settings import Settings
+from okq.sqs import http as sqs_http
 from okq.store import Store
 
 
@@ -38,4 +40,7 @@ def create_app(settings: Settings, store: Store, *, clock: Any = None) -> web.Ap
         app.router.add_get(path, handler)
     app.router.add_get("/openapi.json", openapi.serve)
     app.router.add_post(FORWARD_PATH, forward)
+    if settings.sqs:  # last: okq's own routes win over SQS's /<namespace>/<queue>
+        sqs_http.install(app, settings, app[SERVICE])
+        app[METRICS].watch_sqs(app[sqs_http.SQS])
     return app

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from okq.engine import Engine, QueueStats
 from okq.sequencer import Sequencer
+from okq.sqs.http import SqsFrontEnd
 from okq.store import CountingStore
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -50,6 +51,28 @@ class Metrics:
     def watch(self, engine: Engine, store: CountingStore,
               sequencer: Sequencer | None = None) -> None:
         self.registry.register(_EngineCollector(engine, store, self, sequencer))
+
+    def watch_sqs(self, front: SqsFrontEnd) -> None:
+        self.registry.register(_SqsCollector(front))
+
+
+class _SqsCollector(Collector):
+    """The SQS API's answers, read off its front end at scrape time."""
+
+    def __init__(self, front: SqsFrontEnd) -> None:
+        self.front = front
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        answers = CounterMetricFamily("okq_sqs_requests", "SQS API requests by action and "
+                                      "answer (OK or SQS's error code)", labels=["action", "code"])
+        for (action, code), n in sorted(self.front.answers.items()):
+            answers.add_metric([action, code], n)
+        yield answers
+        stale = CounterMetricFamily(
+            "okq_sqs_stale_deletes", "DeleteMessage entries answered with success although "
+            "their lease was lost: nothing was deleted (docs/SQS.md)")
+        stale.add_metric([], self.front.stale_deletes)
+        yield stale
 
 
 class _EngineCollector(Collector):

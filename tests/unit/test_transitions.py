@@ -43,8 +43,8 @@ def test_fresh_item_is_leased() -> None:
     obj = LeaseObject("seg")
     got, dead = tr.lease(obj, [(3, NOW)], NOW, LEASE_MS, 0)
     assert dead == []
-    assert got == [tr.Leased(index=3, v=1, attempts=1, deadline_ms=NOW + LEASE_MS)]
-    assert obj.items[3] == ItemState(LEASED, 1, 1, NOW + LEASE_MS, None)
+    assert got == [tr.Leased(index=3, v=1, attempts=1, deadline_ms=NOW + LEASE_MS, first_ms=NOW)]
+    assert obj.items[3] == ItemState(LEASED, 1, 1, NOW + LEASE_MS, None, first=NOW)
 
 
 def test_lease_takes_several_items_at_once() -> None:
@@ -204,7 +204,7 @@ def test_sealed_object_leases_nothing() -> None:
 def test_retry_waits_until_retry_at() -> None:
     obj, v = leased_obj()
     assert tr.retry(obj, 0, v, NOW + 5, NOW + 1_000, False, "nope", 0) is False
-    assert obj.items[0] == ItemState(WAITING, v, 1, NOW + 1_000, "nope")
+    assert obj.items[0] == ItemState(WAITING, v, 1, NOW + 1_000, "nope", first=NOW)
     assert not tr.is_available(obj.items[0], 0, NOW + 999)
     assert tr.is_available(obj.items[0], 0, NOW + 1_000)
 
@@ -221,8 +221,9 @@ def test_waiting_item_is_leased_again_with_next_v() -> None:
     obj, v = leased_obj()
     tr.retry(obj, 0, v, NOW, NOW + 10, False, "e", 0)
     got, _ = tr.lease(obj, [(0, 0)], NOW + 10, LEASE_MS, 0)
-    assert got == [tr.Leased(0, v + 1, 2, NOW + 10 + LEASE_MS)]
-    assert obj.items[0] == ItemState(LEASED, v + 1, 2, NOW + 10 + LEASE_MS, None)
+    # the first lease's time is kept: SQS's ApproximateFirstReceiveTimestamp
+    assert got == [tr.Leased(0, v + 1, 2, NOW + 10 + LEASE_MS, NOW)]
+    assert obj.items[0] == ItemState(LEASED, v + 1, 2, NOW + 10 + LEASE_MS, None, first=NOW)
 
 
 # -- expiry ≡ W at the deadline --------------------------------------------------
@@ -240,7 +241,7 @@ def test_expired_lease_is_ready_exactly_at_its_deadline() -> None:
         assert tr.is_available(st_, 0, now) == tr.is_available(waiting, 0, now)
     assert tr.lease(obj, [(0, 0)], deadline - 1, LEASE_MS, 0) == ([], [])
     got, _ = tr.lease(obj, [(0, 0)], deadline, LEASE_MS, 0)
-    assert got == [tr.Leased(0, v + 1, 2, deadline + LEASE_MS)]
+    assert got == [tr.Leased(0, v + 1, 2, deadline + LEASE_MS, NOW)]
 
 
 def test_expired_then_released_lease_is_lost_to_the_new_delivery() -> None:
@@ -340,7 +341,7 @@ def test_finish_dead_only_acts_on_dead_pending(st_: ItemState | None) -> None:
 def test_renew_extends_from_now() -> None:
     obj, v = leased_obj()
     assert tr.renew(obj, 0, v, NOW + 10, 5_000) == NOW + 10 + 5_000
-    assert obj.items[0] == ItemState(LEASED, v, 1, NOW + 10 + 5_000, None)
+    assert obj.items[0] == ItemState(LEASED, v, 1, NOW + 10 + 5_000, None, first=NOW)
 
 
 def test_renew_after_expiry_but_not_released_succeeds() -> None:

@@ -1,0 +1,166 @@
+"""The SQS API on the node's port: one aiohttp handler for both protocols.
+
+A request is SQS's when it is sent to ``/`` or to a queue URL (``/<namespace>/<queue>``);
+it speaks the JSON protocol when it carries ``X-Amz-Target``, the query protocol
+otherwise. The handler reads the body, verifies the signature
+(``okq.sqs.auth``), parses the parameters (``okq.sqs.protocol``), runs the action
+(``okq.sqs.actions``) and renders the reply or SQS's error in the request's protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import Any
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from okq.service import QueueService
+from okq.settings import Settings
+from okq.sqs import protocol as proto
+from okq.sqs.actions import Call, SqsApi
+from okq.sqs.auth import Caller, Signed, verify
+from okq.sqs.errors import SqsError
+from okq.sqs.queues import Names
+
+log = logging.getLogger("okq.sqs")
+
+_TARGET_PREFIX = "AmazonSQS."
+#: Paths of the SQS API: the service endpoint and queue URLs (registered after okq's
+#: own routes, which win: no namespace is called "v1" or "internal" there).
+PATHS = ("/", "/{namespace}/{queue}")
+
+
+class SqsFrontEnd:
+    """The SQS API of one node: its keys, how it names queues, its service."""
+
+    def __init__(self, settings: Settings, service: QueueService) -> None:
+        self.keys = settings.sqs_credentials()
+        self.namespace = settings.namespace
+        self.unsigned_namespace = settings.namespace if settings.sqs_unsigned else None
+        self.region = settings.sqs_region
+        self.base_url = settings.sqs_url.rstrip("/") if settings.sqs_url else None
+        self.service = service
+        self.api = SqsApi(settings.max_item_bytes)
+        self.stale_deletes = 0
+        self.answers: dict[tuple[str, str], int] = {}  # (action, code) -> count
+        if not self.keys and self.unsigned_namespace is None:
+            log.info("the SQS API is on but no --sqs-keys are set: it refuses every request")
+
+    def caller(self, request: web.Request, body: bytes) -> Caller:
+        caller = verify(Signed(request.method, request.raw_path.split("?", 1)[0],
+                               request.query_string, request.headers, body),
+                        self.keys, unsigned_namespace=self.unsigned_namespace)
+        if caller.namespace != self.namespace:
+            raise SqsError("InvalidClientTokenId", f"this access key acts in namespace "
+                           f"{caller.namespace!r}, which this node does not serve (it serves "
+                           f"{self.namespace!r})")
+        return caller
+
+    def names(self, request: web.Request) -> Names:
+        base = self.base_url or f"{request.scheme}://{request.host}"
+        return Names(base, self.region, self.namespace)
+
+    def count(self, action: str, code: str) -> None:
+        key = (action, code)
+        self.answers[key] = self.answers.get(key, 0) + 1
+
+
+SQS = web.AppKey("sqs", SqsFrontEnd)
+
+
+def install(app: web.Application, settings: Settings, service: QueueService) -> None:
+    """Serve the SQS API in ``app`` (after okq's own routes)."""
+    front = SqsFrontEnd(settings, service)
+    app[SQS] = front
+    for path in PATHS:
+        app.router.add_route("POST", path, handle)
+        app.router.add_route("GET", path, handle)
+
+    async def close(_: web.Application) -> None:
+        await front.api.close()
+
+    app.on_shutdown.append(close)
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    front = request.app[SQS]
+    json_protocol = "X-Amz-Target" in request.headers
+    request_id = str(uuid.uuid4())
+    action = "unknown"
+    try:
+        body = await _body(request)
+        caller = front.caller(request, body)
+        action, params = _parse(request, body, json_protocol)
+        handler = front.api.action(action)
+        call = Call(front.service, front.names(request), caller.access_key,
+                    gone=lambda: request.transport is None or request.transport.is_closing())
+        result = await handler(call, params)
+    except SqsError as err:
+        front.count(action, err.code)
+        return _error(err, json_protocol, request_id)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("internal error %s in SQS %s", request_id, action)
+        front.count(action, "InternalFailure")
+        return _error(SqsError("InternalFailure", f"internal error {request_id}"),
+                      json_protocol, request_id)
+    front.count(action, "OK")
+    headers = {"x-amzn-RequestId": request_id}
+    if call.stale_deletes:
+        front.stale_deletes += call.stale_deletes
+        headers["x-okq-stale-receipt"] = str(call.stale_deletes)
+    if json_protocol:
+        return web.Response(body=json.dumps(result).encode(), headers=headers,
+                            content_type=proto.JSON_CONTENT_TYPE)
+    return web.Response(body=proto.xml_reply(action, result, request_id), headers=headers,
+                        content_type="text/xml")
+
+
+async def _body(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise SqsError("InvalidParameterValue", "The request body is over the node's limit "
+                       "(--max-body-bytes)") from None
+
+
+def _parse(request: web.Request, body: bytes, json_protocol: bool) -> tuple[str, dict[str, Any]]:
+    """The action and its parameters, in the JSON protocol's shape."""
+    if json_protocol:
+        target = request.headers["X-Amz-Target"]
+        if not target.startswith(_TARGET_PREFIX):
+            raise SqsError("InvalidAction", f"unknown target {target!r}")
+        params = proto.from_json(body)
+        action = target[len(_TARGET_PREFIX):]
+    else:
+        try:
+            text = body.decode() if body else ""
+            pairs = parse_qsl(request.query_string, keep_blank_values=True) + \
+                parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text))
+        except (UnicodeDecodeError, ValueError):
+            raise SqsError("MalformedQueryString", "the body is not a form of "
+                           "name=value pairs") from None
+        form = dict(pairs)
+        action = form.pop("Action", "")
+        form.pop("Version", None)
+        if not action:
+            raise SqsError("MissingAction", "The request must contain the parameter Action.")
+        params = proto.from_query([(k, v) for k, v in pairs if k not in ("Action", "Version")])
+    if "namespace" in request.match_info and "QueueUrl" not in params:
+        params["QueueUrl"] = request.path  # the query protocol posts to the queue's URL
+    return action, params
+
+
+def _error(err: SqsError, json_protocol: bool, request_id: str) -> web.Response:
+    headers = {"x-amzn-RequestId": request_id}
+    if json_protocol:
+        body, extra = proto.json_error(err)
+        return web.Response(status=err.status, body=body, headers={**headers, **extra},
+                            content_type=proto.JSON_CONTENT_TYPE)
+    return web.Response(status=err.status, body=proto.xml_error(err, request_id),
+                        headers=headers, content_type="text/xml")

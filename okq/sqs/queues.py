@@ -1,0 +1,243 @@
+"""Queue attributes as SQS names them, and where each lives in okq.
+
+Four map onto the queue's own settings (``VisibilityTimeout`` -> ``lease_timeout``,
+``MessageRetentionPeriod`` -> ``retention``, ``RedrivePolicy`` -> ``dead_queue`` and
+``max_attempts``); the rest that okq acts on (``DelaySeconds``,
+``ReceiveMessageWaitTimeSeconds``, ``MaximumMessageSize``, ``RedriveAllowPolicy``)
+and those it keeps without acting (``Policy``, the encryption settings) are kept in
+the queue's ``attributes``, as are tags (``tag:`` + key). Counts come from the
+queue's stats.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from okq.admin import QueueInfo
+from okq.sqs.errors import SqsError, invalid_value
+
+#: What the queue's own settings hold; set through ``changes`` of update_queue.
+OWN = ("VisibilityTimeout", "MessageRetentionPeriod", "RedrivePolicy")
+#: Kept in ``attributes``, with their defaults and ranges (None: free text).
+KEPT: dict[str, tuple[str, tuple[int, int] | None]] = {
+    "DelaySeconds": ("0", (0, 900)),
+    "ReceiveMessageWaitTimeSeconds": ("0", (0, 20)),
+    "MaximumMessageSize": ("1048576", (1024, 1_048_576)),
+    "RedriveAllowPolicy": ("", None),
+    "Policy": ("", None),
+    "SqsManagedSseEnabled": ("false", None),
+    "KmsMasterKeyId": ("", None),
+    "KmsDataKeyReusePeriodSeconds": ("", (60, 86_400)),
+}
+COUNTS = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+          "ApproximateNumberOfMessagesDelayed")
+READ_ONLY = ("QueueArn", "CreatedTimestamp", "LastModifiedTimestamp", *COUNTS)
+FIFO_ONLY = ("FifoQueue", "ContentBasedDeduplication", "DeduplicationScope",
+             "FifoThroughputLimit")
+ALL = (*READ_ONLY, *OWN, *KEPT)
+TAG = "tag:"
+MAX_TAGS = 50
+SQS_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
+_ARN = re.compile(r"arn:aws:sqs:([a-z0-9-]+):([^:]+):([^:]+)")
+
+
+@dataclass(frozen=True)
+class Names:
+    """How queues are named to SQS clients: URLs and ARNs of a namespace."""
+
+    base_url: str
+    region: str
+    namespace: str
+
+    def url(self, queue: str) -> str:
+        return f"{self.base_url}/{self.namespace}/{queue}"
+
+    def arn(self, queue: str) -> str:
+        return f"arn:aws:sqs:{self.region}:{self.namespace}:{queue}"
+
+    def queue_of_arn(self, arn: Any, param: str) -> str:
+        """The queue an ARN of this namespace names; InvalidParameterValue otherwise."""
+        m = _ARN.fullmatch(arn) if isinstance(arn, str) else None
+        if m is None or m[2] != self.namespace:
+            raise invalid_value(param, arn, f"it must be the ARN of a queue of this account "
+                                f"({self.arn('<queue>')})")
+        return m[3]
+
+
+def check_queue_name(name: Any) -> str:
+    """A name SQS accepts for a new queue (``.fifo`` names are refused: no FIFO queues)."""
+    if isinstance(name, str) and name.endswith(".fifo"):
+        raise SqsError("UnsupportedOperation",
+                       "FIFO queues are not supported by okq: create a standard queue")
+    if not isinstance(name, str) or not SQS_NAME.fullmatch(name):
+        raise SqsError("InvalidParameterValue",
+                       "Can only include alphanumeric characters, hyphens, or underscores. "
+                       "1 to 80 in length")
+    return name
+
+
+def render(info: QueueInfo, names: Names, wanted: list[str],
+           counts: dict[str, int] | None) -> dict[str, str]:
+    """The attributes ``wanted`` (names of :data:`ALL`) of a queue."""
+    cfg, kept = info.config, info.config.attributes
+    out: dict[str, str] = {}
+    for name in wanted:
+        if name in COUNTS:
+            out[name] = str((counts or {}).get(name, 0))
+        elif name == "QueueArn":
+            out[name] = names.arn(info.name)
+        elif name == "CreatedTimestamp":
+            out[name] = str(info.created_ms // 1000)
+        elif name == "LastModifiedTimestamp":
+            out[name] = kept.get(name, str(info.created_ms // 1000))
+        elif name == "VisibilityTimeout":
+            out[name] = str(int(cfg.lease_timeout))
+        elif name == "MessageRetentionPeriod":
+            out[name] = str(int(cfg.retention))
+        elif name == "RedrivePolicy":
+            if cfg.dead_queue is not None and cfg.max_attempts:
+                out[name] = json.dumps({"deadLetterTargetArn": names.arn(cfg.dead_queue),
+                                        "maxReceiveCount": cfg.max_attempts})
+        elif kept.get(name, KEPT[name][0]):
+            out[name] = kept.get(name, KEPT[name][0])
+    return out
+
+
+def changes(attributes: Any, names: Names, *, creating: bool) -> dict[str, Any]:
+    """``update_queue`` changes (``attributes`` merged key by key) from SQS attributes."""
+    if attributes is None:
+        return {}
+    if not isinstance(attributes, dict):
+        raise SqsError("InvalidParameterValue", "Attributes must be a map of names to values")
+    out: dict[str, Any] = {}
+    kept: dict[str, str | None] = {}
+    for name, value in attributes.items():
+        if not isinstance(value, str):
+            value = str(value)
+        if name in FIFO_ONLY:
+            if name == "FifoQueue" and value.lower() == "false" and creating:
+                continue
+            raise SqsError("InvalidAttributeName" if name != "FifoQueue" or not creating
+                           else "UnsupportedOperation",
+                           f"{name}: FIFO queues are not supported by okq")
+        if name == "VisibilityTimeout":
+            out["lease_timeout"] = max(0.1, _integer(name, value, 0, 43_200))
+        elif name == "MessageRetentionPeriod":
+            out["retention"] = _integer(name, value, 60, 1_209_600)
+        elif name == "RedrivePolicy":
+            out.update(_redrive(value, names))
+        elif name in KEPT:
+            kept[name] = _kept_value(name, value)
+        else:
+            raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
+    if kept:
+        out["attributes"] = kept
+    return out
+
+
+def _kept_value(name: str, value: str) -> str | None:
+    """The value to keep (None removes it: back to the default)."""
+    limits = KEPT[name][1]
+    if limits is not None and value != "":
+        _integer(name, value, *limits)
+    elif name == "RedriveAllowPolicy" and value:
+        check_redrive_allow(value)
+    elif name == "SqsManagedSseEnabled" and value.lower() not in ("true", "false"):
+        raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter {name}.")
+    elif name == "Policy" and value:
+        try:
+            json.loads(value)
+        except ValueError:
+            raise SqsError("InvalidAttributeValue", "Invalid value for the parameter "
+                           "Policy: not JSON.") from None
+    return value if value != "" else None
+
+
+def _integer(name: str, value: str, low: int, high: int) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = low - 1
+    if not low <= n <= high:
+        raise SqsError("InvalidAttributeValue",
+                       f"Invalid value for the parameter {name}: an integer from {low} to "
+                       f"{high}; got {value!r}.")
+    return n
+
+
+def _redrive(value: str, names: Names) -> dict[str, Any]:
+    if value == "":
+        return {"dead_queue": None, "max_attempts": 0}
+    try:
+        policy = json.loads(value)
+    except ValueError:
+        policy = None
+    if not isinstance(policy, dict) or "deadLetterTargetArn" not in policy:
+        raise SqsError("InvalidParameterValue", "Value for parameter RedrivePolicy is invalid. "
+                       "Reason: Redrive policy is not a dict or valid json, or lacks "
+                       "deadLetterTargetArn.")
+    target = names.queue_of_arn(policy["deadLetterTargetArn"], "RedrivePolicy")
+    try:
+        count = int(policy.get("maxReceiveCount", 10))
+    except (TypeError, ValueError):
+        count = 0
+    if not 1 <= count <= 1000:
+        raise SqsError("InvalidParameterValue", "Value for parameter RedrivePolicy is invalid. "
+                       "Reason: maxReceiveCount must be an integer from 1 to 1000.")
+    return {"dead_queue": target, "max_attempts": count}
+
+
+def check_redrive_allow(value: str) -> dict[str, Any]:
+    try:
+        policy = json.loads(value)
+    except ValueError:
+        policy = None
+    permission = policy.get("redrivePermission") if isinstance(policy, dict) else None
+    if permission not in ("allowAll", "denyAll", "byQueue"):
+        raise SqsError("InvalidParameterValue", "Value for parameter RedriveAllowPolicy is "
+                       "invalid. Reason: redrivePermission must be allowAll, denyAll or byQueue.")
+    assert isinstance(policy, dict)
+    sources = policy.get("sourceQueueArns", [])
+    if permission == "byQueue" and (not isinstance(sources, list) or not 1 <= len(sources) <= 10):
+        raise SqsError("InvalidParameterValue", "Value for parameter RedriveAllowPolicy is "
+                       "invalid. Reason: byQueue needs 1 to 10 sourceQueueArns.")
+    return policy
+
+
+def redrive_allowed(dead: QueueInfo, source_arn: str) -> bool:
+    """Whether the dead-letter queue's RedriveAllowPolicy lets ``source_arn`` use it."""
+    raw = dead.config.attributes.get("RedriveAllowPolicy")
+    if not raw:
+        return True
+    policy = check_redrive_allow(raw)
+    if policy["redrivePermission"] == "byQueue":
+        return source_arn in policy.get("sourceQueueArns", [])
+    return bool(policy["redrivePermission"] == "allowAll")
+
+
+def tags(info: QueueInfo) -> dict[str, str]:
+    return {k[len(TAG):]: v for k, v in info.config.attributes.items() if k.startswith(TAG)}
+
+
+def tag_changes(info: QueueInfo, add: Any, remove: Any) -> dict[str, str | None]:
+    """``attributes`` changes that add tags (a map) or remove them (a list of keys)."""
+    out: dict[str, str | None] = {}
+    if add is not None:
+        if not isinstance(add, dict) or not add:
+            raise SqsError("InvalidParameterValue", "Tags must be a non-empty map")
+        for key, value in add.items():
+            if not isinstance(key, str) or not 1 <= len(key) <= 128 or \
+                    not isinstance(value, str) or len(value) > 256:
+                raise SqsError("InvalidParameterValue",
+                               "Tag keys are 1 to 128 characters, values up to 256")
+            out[TAG + key] = value
+        if len(set(tags(info)) | {k[len(TAG):] for k in out}) > MAX_TAGS:
+            raise SqsError("InvalidParameterValue", f"A queue has at most {MAX_TAGS} tags")
+    if remove is not None:
+        if not isinstance(remove, list) or not all(isinstance(k, str) for k in remove):
+            raise SqsError("InvalidParameterValue", "TagKeys must be a list of tag keys")
+        out.update({TAG + k: None for k in remove})
+    return out
