@@ -463,7 +463,7 @@ http {{
             proxy_pass http://okq;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
-            proxy_set_header Host $host;
+            proxy_set_header Host $http_host;  # with its port: SQS clients sign it
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
             proxy_connect_timeout 2s;
             proxy_read_timeout {NGINX_READ_TIMEOUT}s;

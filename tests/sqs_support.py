@@ -31,11 +31,13 @@ def sqs_node(store: str, tmp: Path, *, endpoint_url: str | None = None,
         yield node
 
 
-def sqs_client(node: Node, *, access_key: str = ACCESS_KEY, secret: str = SECRET_KEY,
+def sqs_client(node: Node | Any, *, access_key: str = ACCESS_KEY, secret: str = SECRET_KEY,
                **config: Any) -> Any:
-    """An unmodified boto3 SQS client for ``node``: only its endpoint and keys are set."""
+    """An unmodified boto3 SQS client for ``node`` (anything with a ``url``, or a URL):
+    only its endpoint and keys are set."""
     from botocore.config import Config
 
-    return boto3.client("sqs", endpoint_url=node.url, region_name=REGION,
+    url = node if isinstance(node, str) else node.url
+    return boto3.client("sqs", endpoint_url=url, region_name=REGION,
                         aws_access_key_id=access_key, aws_secret_access_key=secret,
                         config=Config(retries={"max_attempts": 1}, **config))

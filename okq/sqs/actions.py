@@ -153,8 +153,11 @@ class SqsApi:
         self.max_message_bytes = min(max_item_bytes, 1_048_576)
         self.moves: dict[str, MoveTask] = {}
 
+    def knows(self, name: str) -> bool:
+        return name.isalpha() and hasattr(self, f"do_{name}")
+
     def action(self, name: str) -> Callable[[Call, dict[str, Any]], Awaitable[dict[str, Any]]]:
-        handler = getattr(self, f"do_{name}", None) if name.isalpha() else None
+        handler = getattr(self, f"do_{name}", None) if self.knows(name) else None
         if handler is None:
             raise SqsError("InvalidAction", f"The action {name} is not valid for this endpoint.")
         return handler  # type: ignore[no-any-return]
@@ -195,7 +198,7 @@ class SqsApi:
         for key, value in attributes.items():
             if key in qa.FIFO_ONLY:
                 continue
-            if have.get(key, qa.KEPT.get(key, ("",))[0]) != str(value):
+            if not qa.same_value(key, have.get(key, qa.KEPT.get(key, ("",))[0]), str(value)):
                 raise SqsError("QueueNameExists", f"A queue already exists with the same name "
                                f"and a different value for attribute {key}")
 
@@ -326,7 +329,7 @@ class SqsApi:
     async def do_SendMessage(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         queue = self.queue_of(call, params)
         info = await self.info(call, queue, SETTINGS_MAX_AGE)
-        item, reply = self._new_item(call, info, params)
+        item, reply, _ = self._new_item(call, info, params)
         with sqs_errors():
             ids = await call.service.produce(queue, [item])
         return {**reply, "MessageId": ids[0]}
@@ -341,11 +344,11 @@ class SqsApi:
         size = 0
         for entry in entries:
             try:
-                item, reply = self._new_item(call, info, entry)
+                item, reply, item_size = self._new_item(call, info, entry)
             except SqsError as err:
                 failed.append(_failure(entry["Id"], err))
                 continue
-            size += len(item.payload) + _attributes_size(entry)
+            size += item_size
             items.append(item)
             replies.append({"Id": entry["Id"], **reply})
         if size > MAX_BATCH_BYTES:
@@ -359,8 +362,9 @@ class SqsApi:
         return {"Successful": replies, "Failed": failed}
 
     def _new_item(self, call: Call, info: QueueInfo,
-                  params: dict[str, Any]) -> tuple[NewItem, dict[str, Any]]:
-        """The item a send produces, and its reply without the MessageId."""
+                  params: dict[str, Any]) -> tuple[NewItem, dict[str, Any], int]:
+        """The item a send produces, its reply without the MessageId, and its size as
+        SQS counts it (body and message attributes)."""
         kept = info.config.attributes
         limit = min(int(kept.get("MaximumMessageSize", self.max_message_bytes)),
                     self.max_message_bytes)
@@ -394,7 +398,7 @@ class SqsApi:
             reply["MD5OfMessageAttributes"] = msg.md5_of_attributes(attributes)
         if system:
             reply["MD5OfMessageSystemAttributes"] = msg.md5_of_attributes(system)
-        return item, reply
+        return item, reply, size
 
     async def do_ReceiveMessage(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         queue = self.queue_of(call, params)
@@ -613,11 +617,6 @@ def _entries(params: dict[str, Any], what: str) -> list[dict[str, Any]]:
 def _failure(entry_id: str, err: SqsError) -> dict[str, Any]:
     return {"Id": entry_id, "SenderFault": err.sender_fault, "Code": err.code,
             "Message": err.message}
-
-
-def _attributes_size(entry: dict[str, Any]) -> int:
-    raw = entry.get("MessageAttributes")
-    return len(json.dumps(raw)) if raw else 0
 
 
 class MoveTask:

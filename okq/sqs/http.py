@@ -65,7 +65,9 @@ class SqsFrontEnd:
         return Names(base, self.region, self.namespace)
 
     def count(self, action: str, code: str) -> None:
-        key = (action, code)
+        """Count an answer (actions this API does not know are counted as unknown:
+        a client must not grow the metrics without bound)."""
+        key = (action if self.api.knows(action) else "unknown", code)
         self.answers[key] = self.answers.get(key, 0) + 1
 
 

@@ -138,6 +138,20 @@ def changes(attributes: Any, names: Names, *, creating: bool) -> dict[str, Any]:
     return out
 
 
+def same_value(name: str, have: str, asked: str) -> bool:
+    """Whether an attribute a CreateQueue asks for is what the queue has (policies
+    compared as JSON, so that spacing and key order do not matter)."""
+    if name in ("RedrivePolicy", "RedriveAllowPolicy", "Policy") and have and asked:
+        try:
+            a, b = json.loads(have), json.loads(asked)
+        except ValueError:
+            return have == asked
+        if name == "RedrivePolicy" and isinstance(b, dict):
+            b = {**b, "maxReceiveCount": int(b.get("maxReceiveCount", 10))}
+        return bool(a == b)
+    return have == asked
+
+
 def _kept_value(name: str, value: str) -> str | None:
     """The value to keep (None removes it: back to the default)."""
     limits = KEPT[name][1]

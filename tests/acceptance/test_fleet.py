@@ -40,6 +40,7 @@ from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.localfleet import FleetNode, LocalFleet
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History
+from tests.sqs_support import SQS_KEYS, sqs_client
 
 pytestmark = pytest.mark.s3
 T = TypeVar("T")
@@ -63,7 +64,8 @@ def fleet(request: pytest.FixtureRequest,
     _require_programs()
     sequencer = request.param == "sequencer"
     local = LocalFleet(tmp_path_factory.mktemp("fleet"), 3, sequencer=sequencer,
-                       role_ttl=ROLE_TTL, compactor_args=["--interval", "2"], stop_timeout=10)
+                       role_ttl=ROLE_TTL, compactor_args=["--interval", "2"], stop_timeout=10,
+                       node_args=["--sqs-keys", SQS_KEYS])
     with local:
         if sequencer:  # a node claims a role when a queue of its shard is first written
             asyncio.run(_warm_up(local.url))
@@ -144,6 +146,44 @@ async def test_renew_and_complete_through_nginx_reach_several_nodes(fleet: Local
     requests = fleet.store_requests()
     assert requests.total["put"] > writes_before  # the renewals and completions were written
     assert sum(n.get("put", 0) for n in requests.per_node.values()) == requests.total["put"]
+
+
+def test_sqs_api_through_nginx_sends_receives_and_deletes_on_any_node(
+        fleet: LocalFleet) -> None:
+    """boto3 through nginx: each call lands on another node (sequencer mode forwards
+    the writes), and the queue URL one node gave works on every node."""
+    sqs = sqs_client(fleet.nodes[0])
+    url = sqs.create_queue(QueueName=_queue(), Attributes={"VisibilityTimeout": "30"})[
+        "QueueUrl"]
+    before = {n.url: _sqs_served(n) for n in fleet.nodes}
+    front = sqs_client(fleet.url)
+    for batch in range(3):
+        sent = front.send_message_batch(QueueUrl=url, Entries=[
+            {"Id": f"m{i}", "MessageBody": f"{batch}-{i}"} for i in range(10)])
+        assert len(sent["Successful"]) == 10, sent
+    bodies: list[str] = []
+    for _ in range(30):
+        got = front.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+        if got:
+            front.delete_message_batch(QueueUrl=url, Entries=[
+                {"Id": f"d{i}", "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(got)])
+            bodies += [m["Body"] for m in got]
+        if len(bodies) >= 30:
+            break
+    assert sorted(bodies) == sorted(f"{b}-{i}" for b in range(3) for i in range(10))
+    attributes = front.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "0"
+    assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+    spread = {n.url: _sqs_served(n) - before[n.url] for n in fleet.nodes}
+    print(f"\nSQS requests per node through nginx: {spread}")
+    assert all(n > 0 for n in spread.values()), spread
+
+
+def _sqs_served(node: FleetNode) -> float:
+    """SQS API requests the node answered without an error."""
+    return sum(s.value for family in text_string_to_metric_families(node.metrics())
+               if family.name == "okq_sqs_requests" for s in family.samples
+               if s.name.endswith("_total") and s.labels["code"] == "OK")
 
 
 # -- (b) long polls answered by produces at other nodes ---------------------------------------

@@ -126,6 +126,19 @@ def test_update_config_merges_and_names_a_bad_field() -> None:
     assert m.config.max_attempts == 0
 
 
+def test_attribute_changes_merge_key_by_key_and_none_removes() -> None:
+    """Two changes of different attributes both land, whichever applies first."""
+    m = manifest()
+    UpdateConfig({"attributes": {"DelaySeconds": "5", "tag:a": "1"}}).apply(m, NOW)
+    UpdateConfig({"attributes": {"tag:b": "2"}}).apply(m, NOW)
+    assert m.config.attributes == {"DelaySeconds": "5", "tag:a": "1", "tag:b": "2"}
+    UpdateConfig({"attributes": {"tag:a": None, "missing": None}}).apply(m, NOW)
+    assert m.config.attributes == {"DelaySeconds": "5", "tag:b": "2"}
+    with pytest.raises(InvalidRequest):
+        UpdateConfig({"attributes": {"x": 3}}).apply(m, NOW)
+    assert m.config.attributes == {"DelaySeconds": "5", "tag:b": "2"}
+
+
 def test_purge_drops_segments_once_and_remembers_the_young() -> None:
     m = manifest(seg("old", NOW - 600_000), seg("young", NOW - 1000))
     op = Purge("rq1", young_ms=300_000)

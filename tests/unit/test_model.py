@@ -173,6 +173,8 @@ STATES = st.builds(
     UINT,
     st.one_of(st.none(), st.text(max_size=40)),
     st.one_of(st.none(), st.tuples(st.text(max_size=8), st.text(max_size=24), UINT).map(list)),
+    st.one_of(st.none(), st.text(max_size=12)),
+    st.one_of(st.none(), UINT),
 )
 
 
@@ -200,6 +202,28 @@ def test_optional_fields_are_left_out_when_unset() -> None:
     seg = Segment("s", "q", 1, 2, [SegmentItem(b"p")])
     raw = msgpack.unpackb(encode_segment(seg))
     assert raw["items"] == [[b"p", None, None]]
+
+
+def test_first_lease_time_is_a_trailing_field_older_readers_skip() -> None:
+    """``first`` comes last, after nil placeholders; a reader that knows only the
+    first seven fields (an older okq) still decodes the state it needs."""
+    state = ItemState(LEASED, 2, 1, 500, None, first=100)
+    assert state.pack() == [LEASED, 2, 1, 500, None, None, None, 100]
+    assert ItemState.unpack(state.pack()) == state
+    older = state.pack()[:7]
+    assert ItemState.unpack(older) == ItemState(LEASED, 2, 1, 500, None)
+
+
+def test_manifest_keeps_attributes_only_when_there_are_some() -> None:
+    """An okq without ``attributes`` refuses unknown config fields, so a manifest
+    without any keeps the older shape."""
+    plain = Manifest("q", 1, QueueConfig(), ver=1, nonce="n")
+    assert "attributes" not in msgpack.unpackb(encode_manifest(plain))["config"]
+    tagged = Manifest("q", 1, QueueConfig(attributes={"DelaySeconds": "5", "tag:team": "a"}),
+                      ver=1, nonce="n")
+    raw = msgpack.unpackb(encode_manifest(tagged))
+    assert raw["config"]["attributes"] == {"DelaySeconds": "5", "tag:team": "a"}
+    assert decode_manifest(encode_manifest(tagged)).config == tagged.config
 
 
 def test_segment_meta_first_ready() -> None:
