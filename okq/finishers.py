@@ -28,6 +28,7 @@ from okq.model import (
     ItemState,
     QueueConfig,
     SegmentMeta,
+    dead_letter_meta,
     dead_letter_source,
 )
 from okq.publisher import NewItem
@@ -94,10 +95,11 @@ class Finishers:
                            dead_queue: str) -> None:
         seg = await self.rt.segment(q, sm)
         iid = item_id(sm.id, idx)
-        meta = {"source_queue": q.name, "source_id": iid, "attempts": st.attempts,
-                "error": st.err}
+        item = seg.items[idx]
+        meta = dead_letter_meta(item.meta, q.name, iid, item.born_ms or sm.created_ms,
+                                st.attempts, st.err)
         key = f"dlq:{self.rt.ns}:{q.name}:{iid}:{st.v}"
-        await self.rt.produce(dead_queue, [NewItem(seg.items[idx].payload, None, key, meta)])
+        await self.rt.produce(dead_queue, [NewItem(item.payload, None, key, meta)])
 
     async def help_stalled(self, q: QueueRuntime, sm: SegmentMeta, idx: int,
                            config: QueueConfig | None = None) -> None:

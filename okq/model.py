@@ -139,6 +139,36 @@ def fresh_ready_ms(sm: SegmentMeta, item: SegmentItem) -> int:
     return max(born, item.enqueue_at_ms or 0)
 
 
+#: What dead-lettering adds to an item's meta (a redrive takes them off again).
+DEAD_LETTER_KEYS = ("source_queue", "source_id", "attempts", "error")
+
+
+def dead_letter_meta(meta: dict[str, Any] | None, queue: str, iid: str, produced_ms: int,
+                     attempts: int, error: str | None) -> dict[str, Any]:
+    """A dead letter's meta: the item's own, where it came from and why, and its
+    ``origin`` (first id and produce time), kept through every later move so that a
+    front end can name the message as it was first sent (SQS's MessageId)."""
+    out = {**(meta or {}), "source_queue": queue, "source_id": iid, "attempts": attempts,
+           "error": error}
+    out.setdefault("origin", [iid, produced_ms])
+    return out
+
+
+def redriven_meta(meta: dict[str, Any] | None, dead_queue: str, dead_id: str) -> dict[str, Any]:
+    """A redriven item's meta: its own and ``origin`` again, and where it was."""
+    out = {k: v for k, v in (meta or {}).items() if k not in DEAD_LETTER_KEYS}
+    return {**out, "redriven_from": dead_queue, "dead_id": dead_id}
+
+
+def item_origin(meta: dict[str, Any] | None) -> tuple[str, int] | None:
+    """The first id and produce time of an item that was moved (``origin``)."""
+    origin = meta.get("origin") if meta else None
+    if isinstance(origin, list) and len(origin) == 2 and isinstance(origin[0], str) \
+            and isinstance(origin[1], int):
+        return origin[0], origin[1]
+    return None
+
+
 def dead_letter_source(meta: dict[str, Any] | None) -> str | None:
     """The queue a dead letter came from (its ``source_queue`` meta), or None if
     the item is not a dead letter."""

@@ -24,6 +24,7 @@ from okq.model import (
     OUTPUTS_PENDING,
     LeaseObject,
     dead_letter_source,
+    redriven_meta,
 )
 from okq.publisher import NewItem
 from okq.tokens import Delivery
@@ -139,7 +140,7 @@ class Redriver:
         cell = self.rt.lease_cell(dq, segment)
         while group:
             sm = await outq.publisher.write_segment([
-                NewItem(i.payload, None, None, {"redriven_from": dq.name, "dead_id": i.id})
+                NewItem(i.payload, None, None, redriven_meta(i.meta, dq.name, i.id))
                 for i, _ in group
             ])
             out = [source, sm.id, sm.count, sm.created_ms, sm.size]

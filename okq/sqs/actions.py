@@ -42,7 +42,7 @@ from okq.errors import (
     StorageError,
     TooLarge,
 )
-from okq.model import QueueConfig, dead_letter_source
+from okq.model import QueueConfig, dead_letter_source, item_origin, redriven_meta
 from okq.publisher import NewItem
 from okq.scheduler import LeasedItem
 from okq.service import QueueService, Retry
@@ -184,10 +184,13 @@ class SqsApi:
         kept = {k: v for k, v in {**changes.pop("attributes", {}), **tags}.items()
                 if v is not None}
         config = QueueConfig.model_validate({**changes, "attributes": kept})
-        try:
-            with sqs_errors():
+        exists = False
+        with sqs_errors():
+            try:
                 await call.service.create_queue(name, config)
-        except QueueExists:
+            except QueueExists:
+                exists = True
+        if exists:
             await self._same_queue(call, name, attributes)
         return {"QueueUrl": call.names.url(name)}
 
@@ -391,7 +394,7 @@ class SqsApi:
                     raise invalid_value(param, value, "1 to 128 printable ASCII characters")
                 meta[short] = value
         key = meta.get("dedup")
-        enqueue_at = int(time.time() * 1000) + delay * 1000 if delay else None
+        enqueue_at = call.service.engine.clock.now_ms() + delay * 1000 if delay else None
         item = NewItem(body.encode(), enqueue_at, key, {msg.META_KEY: meta} if meta else None)
         reply: dict[str, Any] = {"MD5OfMessageBody": msg.md5_of_body(body)}
         if attributes:
@@ -424,7 +427,9 @@ class SqsApi:
                  wanted: list[str]) -> dict[str, Any]:
         body = item.payload.decode("utf-8", "replace")
         kept = msg.stored(item.meta)
-        out: dict[str, Any] = {"MessageId": item.id, "ReceiptHandle": item.token,
+        origin = item_origin(item.meta)  # a moved message keeps its first id
+        out: dict[str, Any] = {"MessageId": origin[0] if origin else item.id,
+                               "ReceiptHandle": item.token,
                                "MD5OfBody": msg.md5_of_body(body), "Body": body}
         attributes = self._system_attributes(call, item, kept, system)
         if attributes:
@@ -442,9 +447,10 @@ class SqsApi:
         every = "All" in names
         first = item.first_leased_ms or item.lease_deadline_ms
         source = dead_letter_source(item.meta)
+        origin = item_origin(item.meta)
         known = {
             "ApproximateReceiveCount": str(item.attempts),
-            "SentTimestamp": str(item.produced_ms),
+            "SentTimestamp": str(origin[1] if origin else item.produced_ms),
             "ApproximateFirstReceiveTimestamp": str(first),
             "SenderId": kept.get("sender"),
             "AWSTraceHeader": kept.get("trace"),
@@ -671,10 +677,9 @@ class MoveTask:
         assert self.target is not None
         items = await self.service.lease(self.dead, batch, lease_timeout=60)
         for item in items:
-            meta = dict(item.meta or {})
-            meta.pop("source_queue", None)
+            meta = redriven_meta(item.meta, self.dead, item.id)
             await self.service.engine.complete_and_produce(
-                item.token, self.target, [NewItem(item.payload, None, None, meta or None)],
+                item.token, self.target, [NewItem(item.payload, None, None, meta)],
                 queue=self.dead)
         return len(items)
 

@@ -155,6 +155,27 @@ async def test_renew_extends_lease(engine: Engine, clock: ManualClock) -> None:
     await engine.complete([a.token])
 
 
+async def test_dead_letters_keep_their_meta_and_origin_through_a_redrive(
+        engine: Engine) -> None:
+    """The item's own meta survives dead-lettering and the redrive back; ``origin``
+    (first id and produce time) survives both, and a second death keeps the first."""
+    (first,) = await engine.produce("q", [NewItem(b"x", meta={"trace": "t1"})])
+    (a,) = await engine.lease("q", 1)
+    await engine.retry(a.token, dead=True, error="e1")
+    (d,) = await engine.lease("dlq", 1)
+    assert d.meta is not None and d.meta["trace"] == "t1"
+    assert d.meta["origin"] == [first, a.produced_ms]
+    await engine.retry(d.token, count_attempt=False)
+    assert await engine.redrive("dlq") == 1
+    (back,) = await engine.lease("q", 1)
+    assert back.meta == {"trace": "t1", "origin": [first, a.produced_ms],
+                         "redriven_from": "dlq", "dead_id": d.id}
+    await engine.retry(back.token, dead=True, error="e2")
+    (again,) = await engine.lease("dlq", 1)
+    assert again.meta is not None and again.meta["origin"] == [first, a.produced_ms]
+    assert (again.meta["source_id"], again.meta["error"]) == (back.id, "e2")
+
+
 async def test_dead_flag_moves_item_to_dead_letter_queue(engine: Engine) -> None:
     ids = await engine.produce("q", [b"poison"])
     (a,) = await engine.lease("q", 1)
@@ -163,7 +184,7 @@ async def test_dead_flag_moves_item_to_dead_letter_queue(engine: Engine) -> None
     (d,) = await engine.lease("dlq", 1)
     assert d.payload == b"poison"
     assert d.meta == {"source_queue": "q", "source_id": ids[0], "attempts": 1,
-                      "error": "cannot parse"}
+                      "error": "cannot parse", "origin": [ids[0], a.produced_ms]}
     s = await engine.stats("q")
     assert (s.dead, s.dead_lettered) == (1, 1)  # the DLQ holds it (leased now)
 
