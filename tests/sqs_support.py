@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 
 from tests.nodes import Node, okq_node
 
@@ -20,6 +22,22 @@ SQS_KEYS = f"{ACCESS_KEY}:{SECRET_KEY}"
 #: user's configuration.
 AWS_ENV = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
            "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
+
+
+#: The stores the SQS tests run on: a node's file store and SeaweedFS.
+STORES = ["file", pytest.param("seaweed", marks=pytest.mark.s3)]
+
+
+@contextmanager
+def sqs_node_on(request: pytest.FixtureRequest, tmp: Path) -> Iterator[Node]:
+    """``sqs_node`` on the store ``request.param`` names (one of :data:`STORES`)."""
+    if request.param == "file":
+        store, endpoint = f"file://{tmp / 'data'}", None
+    else:
+        store = f"s3://okq-test/{uuid.uuid4().hex}"
+        endpoint = request.getfixturevalue("seaweed_endpoint")
+    with sqs_node(store, tmp, endpoint_url=endpoint) as node:
+        yield node
 
 
 @contextmanager

@@ -298,23 +298,20 @@ class SqsApi:
         return out
 
     async def do_TagQueue(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        queue = self.queue_of(call, params)
-        if not params.get("Tags"):
-            raise missing("Tags")
-        info = await self.info(call, queue)
-        with sqs_errors():
-            await call.service.update_queue(
-                queue, attributes=qa.tag_changes(info, params["Tags"], None))
-        return {}
+        return await self._retag(call, params, "Tags")
 
     async def do_UntagQueue(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._retag(call, params, "TagKeys")
+
+    async def _retag(self, call: Call, params: dict[str, Any], member: str) -> dict[str, Any]:
+        """Add ``Tags`` or remove ``TagKeys``: one change of the queue's attributes."""
         queue = self.queue_of(call, params)
-        if not params.get("TagKeys"):
-            raise missing("TagKeys")
+        if not params.get(member):
+            raise missing(member)
         info = await self.info(call, queue)
+        add, remove = (params[member], None) if member == "Tags" else (None, params[member])
         with sqs_errors():
-            await call.service.update_queue(
-                queue, attributes=qa.tag_changes(info, None, params["TagKeys"]))
+            await call.service.update_queue(queue, attributes=qa.tag_changes(info, add, remove))
         return {}
 
     async def do_ListQueueTags(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:

@@ -23,9 +23,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.nodes import Node
-from tests.sqs_support import sqs_client, sqs_node
+from tests.sqs_support import STORES, sqs_client, sqs_node_on
 
-STORES = ["file", pytest.param("seaweed", marks=pytest.mark.s3)]
 STALE_HEADER = "x-okq-stale-receipt"
 
 Client = Any  # a boto3 SQS client (boto3 has no static types here)
@@ -80,13 +79,7 @@ def test_reference_digest_on_bytes_worked_by_hand() -> None:
 def node(request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """One node with the SQS API for the whole module, per store."""
-    tmp = tmp_path_factory.mktemp(f"sqs-boto3-{request.param}")
-    if request.param == "file":
-        store, endpoint = f"file://{tmp / 'data'}", None
-    else:
-        store = f"s3://okq-test/{uuid.uuid4().hex}"
-        endpoint = request.getfixturevalue("seaweed_endpoint")
-    with sqs_node(store, tmp, endpoint_url=endpoint) as n:
+    with sqs_node_on(request, tmp_path_factory.mktemp(f"sqs-boto3-{request.param}")) as n:
         yield n
 
 

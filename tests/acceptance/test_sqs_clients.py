@@ -30,9 +30,8 @@ from celery import Celery
 
 from tests.acceptance import sqs_celery_app
 from tests.acceptance.sqs_celery_app import RECORDS_ENV, VISIBILITY_TIMEOUT, record_times, records
-from tests.sqs_support import ACCESS_KEY, REGION, SECRET_KEY, sqs_client, sqs_node
+from tests.sqs_support import ACCESS_KEY, REGION, SECRET_KEY, STORES, sqs_client, sqs_node_on
 
-STORES = ["file", pytest.param("seaweed", marks=pytest.mark.s3)]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -71,12 +70,7 @@ def sqs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     """One okq node per store for the module, serving SQS with a test access key;
     every test works on queues of its own."""
     tmp = tmp_path_factory.mktemp(f"sqs-{request.param}")
-    if request.param == "file":
-        store, endpoint = f"file://{tmp / 'data'}", None
-    else:
-        store = f"s3://okq-test/{uuid.uuid4().hex}"
-        endpoint = request.getfixturevalue("seaweed_endpoint")
-    with sqs_node(store, tmp, endpoint_url=endpoint) as node:
+    with sqs_node_on(request, tmp) as node:
         yield Sqs(node.url, ACCESS_KEY, SECRET_KEY, tmp)
 
 

@@ -39,7 +39,7 @@ from botocore.credentials import Credentials
 
 from okq.client import Client
 from tests.nodes import Node, okq_node
-from tests.sqs_support import ACCESS_KEY, REGION, SECRET_KEY, sqs_node
+from tests.sqs_support import ACCESS_KEY, REGION, SECRET_KEY, STORES, sqs_node, sqs_node_on
 from tests.unit.test_sqs_units import attributes_md5
 
 XMLNS = "http://queue.amazonaws.com/doc/2012-11-05/"
@@ -49,7 +49,6 @@ OTHER_KEY, OTHER_SECRET = "AKIDOTHERNS", "other-namespace-secret-0123"
 #: The main node's keys: the test key, and one bound to a namespace it does not serve.
 KEYS = f"{ACCESS_KEY}:{SECRET_KEY},{OTHER_KEY}:{OTHER_SECRET}:otherns"
 MAX_BODY = 65_536  # the main node's --max-body-bytes
-STORES = ["file", pytest.param("seaweed", marks=pytest.mark.s3)]
 PROTOCOLS = ["json", "query"]
 
 #: SQS's query error codes where they differ from the JSON protocol's shape name
@@ -236,12 +235,7 @@ def seeded(node: Node) -> Seeded:
 
 @pytest.fixture(params=STORES)
 def store_node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Node]:
-    if request.param == "file":
-        store, endpoint = f"file://{tmp_path / 'data'}", None
-    else:
-        store = f"s3://okq-test/{uuid.uuid4().hex}"
-        endpoint = request.getfixturevalue("seaweed_endpoint")
-    with sqs_node(store, tmp_path, endpoint_url=endpoint) as n:
+    with sqs_node_on(request, tmp_path) as n:
         yield n
 
 
