@@ -58,14 +58,20 @@ def _click_type(annotation: Any) -> click.ParamType[Any, Any]:
               show_default=True, help="json: machine-readable output for scripts")
 @click.option("--timeout", type=float, default=60.0, show_default=True,
               help="seconds to wait for the node")
+@click.option("--namespace", "namespace", envvar="OKQ_CLIENT_NAMESPACE", default=None,
+              help="the namespace to act in, for an operator key (a namespace's key acts "
+              "in its own) [env OKQ_CLIENT_NAMESPACE]")
+@click.option("--ca-file", envvar="OKQ_CA_FILE", default=None,
+              help="PEM file of the CA that signed an https node's certificate [env "
+              "OKQ_CA_FILE]")
 @click.pass_context
 def main(ctx: click.Context, url: str, api_key: str | None, output: str,
-         timeout: float) -> None:
+         timeout: float, namespace: str | None, ca_file: str | None) -> None:
     """okq: a durable message queue on object storage.
 
     `okq serve` runs a node; the other commands talk to one.
     """
-    ctx.obj = Ctx(url, api_key, output, timeout)
+    ctx.obj = Ctx(url, api_key, output, timeout, namespace, ca_file)
 
 
 @main.command()
@@ -92,22 +98,23 @@ def serve(**flags: Any) -> None:
 
 async def run_node(settings: Settings) -> None:
     from okq.server.app import create_app
+    from okq.server.listener import listen
     from okq.server.state import advertise
 
     store = open_store(settings.store, endpoint_url=settings.endpoint_url)
     app = create_app(settings, store)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=30)
     await runner.setup()
+    server = None
     try:
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
+        server = await listen(runner, settings)
+        sockets = list(server.sockets or ())
         port = sockets[0].getsockname()[1] if sockets else settings.port
-        advertise(app, settings.host, port)
+        scheme = "https" if settings.tls_cert else "http"
+        advertise(app, settings.host, port, scheme)
         logging.getLogger("okq").info(
-            "okq listening on http://%s:%s (store %s, namespace %s)",
-            settings.host, port, store.url, settings.namespace,
+            "okq listening on %s://%s:%s (store %s, namespace %s)",
+            scheme, settings.host, port, store.url, settings.namespace,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -116,7 +123,9 @@ async def run_node(settings: Settings) -> None:
         await stop.wait()
         logging.getLogger("okq").info("stopping: finishing in-flight requests")
     finally:
-        await runner.cleanup()  # stop accepting, finish requests, flush batches
+        if server is not None:
+            server.close()  # stop accepting
+        await runner.cleanup()  # finish requests, flush batches
 
 
 register(main)  # the commands that talk to a node: okq/commands/

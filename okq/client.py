@@ -10,6 +10,7 @@ mode and over HTTP.
 from __future__ import annotations
 
 import asyncio
+import ssl as ssl_
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
@@ -47,9 +48,15 @@ class Client:
         timeout: float = 60.0,
         session: aiohttp.ClientSession | None = None,
         api_key: str | None = None,
+        namespace: str | None = None,
+        ssl: ssl_.SSLContext | None = None,
     ) -> None:
+        """``namespace``: where an operator key acts (a namespace key acts in its own);
+        ``ssl``: how to check an HTTPS node (default: the system's certificates)."""
         self.url = url.rstrip("/")
         self.api_key = api_key
+        self.namespace = namespace
+        self.ssl = ssl
         self.timeout = timeout
         self._session = session
         self._own = session is None
@@ -68,7 +75,7 @@ class Client:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=100),
+                connector=aiohttp.TCPConnector(limit=100, ssl=self.ssl or True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
             )
         return self._session
@@ -80,6 +87,8 @@ class Client:
         headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        if self.namespace:
+            headers["X-Okq-Namespace"] = self.namespace
         timeout = aiohttp.ClientTimeout(total=self.timeout + wait)
         try:
             async with self._http().post(f"{self.url}/v1/{path}", data=data, headers=headers,
@@ -195,6 +204,19 @@ class Client:
     async def delete_queue(self, name: str) -> None:
         await self.call("queues.delete", {"name": name}, s.DeleteResponse)
 
+    # -- API keys (admin) ---------------------------------------------------------------
+    async def create_key(self, role: str, prefixes: Sequence[str] = (),
+                         name: str = "") -> s.KeyCreated:
+        """A new key of this client's namespace; ``.key`` is its secret, shown once."""
+        return await self.call("keys.create", {"role": role, "prefixes": list(prefixes),
+                                               "name": name}, s.KeyCreated)
+
+    async def list_keys(self) -> list[s.KeyOut]:
+        return (await self.call("keys.list", {}, s.KeysListResponse)).keys
+
+    async def delete_key(self, key_id: str) -> bool:
+        return (await self.call("keys.delete", {"id": key_id}, s.KeyDeleteResponse)).deleted
+
     async def health(self) -> bool:
         try:
             async with self._http().get(f"{self.url}/health") as resp:
@@ -226,12 +248,14 @@ class SyncClient:
     """The same calls, blocking. One background event loop keeps connections alive."""
 
     def __init__(self, url: str = "http://127.0.0.1:7878", *, timeout: float = 60.0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, namespace: str | None = None,
+                 ssl: ssl_.SSLContext | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="okq-sync-client")
         self._thread.start()
-        self._client = Client(url, timeout=timeout, api_key=api_key)
+        self._client = Client(url, timeout=timeout, api_key=api_key, namespace=namespace,
+                              ssl=ssl)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -137,6 +137,20 @@ class Unauthorized(OkqError):
     status = 401
 
 
+class RequestTimeout(InvalidRequest):
+    """The client took too long to send its request."""
+
+    code = "request_timeout"
+    status = 408
+
+
+class Forbidden(OkqError):
+    """The caller's key does not allow this: its role, namespace or queue prefixes."""
+
+    code = "forbidden"
+    status = 403
+
+
 class TooLarge(OkqError):
     code = "too_large"
     status = 413

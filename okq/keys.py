@@ -7,6 +7,10 @@ key                                             object
 ``{ns}/segments/{queue}/{segment}``             an immutable segment (create-only)
 ``{ns}/leases/{queue}/{segment}``               the segment's lease object: leases and
                                                 completion tombstones of its items (CAS)
+``_auth/keys/{id}``                             an API key (its secret's hash, namespace,
+                                                role, queue prefixes), outside every
+                                                namespace: a namespace cannot start
+                                                with ``_``
 =============================================  ===========================================
 
 Segment ids start with their creation time in hex milliseconds, so a listing
@@ -41,6 +45,13 @@ def new_segment_id(now_ms: int) -> str:
 
 def segment_created_ms(segment_id: str) -> int:
     return int(segment_id.split("-", 1)[0], 16)
+
+
+API_KEYS_PREFIX = "_auth/keys/"
+
+
+def api_key_key(key_id: str) -> str:
+    return f"{API_KEYS_PREFIX}{key_id}"
 
 
 def manifests_prefix(ns: str) -> str:

@@ -57,8 +57,40 @@ class Settings(BaseSettings):
     )
     api_keys: SecretStr | None = Field(
         None,
-        description="comma-separated API keys; when set, every /v1 call needs "
-        "'Authorization: Bearer KEY' (/health and /metrics stay open)",
+        description="comma-separated operator API keys (admin in every namespace); when "
+        "set, every /v1 call needs 'Authorization: Bearer KEY': an operator key or one "
+        "made with keys.create (/health and /metrics stay open; docs/SECURITY.md)",
+    )
+    require_api_keys: bool = Field(
+        False,
+        description="ask every /v1 call for a key even without --api-keys (keys made "
+        "earlier with keys.create are kept in the store)",
+    )
+    api_key_cache: float = Field(
+        5.0, ge=0, le=3600,
+        description="seconds a node remembers a key it looked up: a deleted key stops "
+        "working within this long",
+    )
+    max_namespaces: int = Field(
+        100, ge=1, le=100_000,
+        description="namespaces one node serves at once (its own and its callers' keys')",
+    )
+    tls_cert: Path | None = Field(
+        None, description="PEM certificate (chain) file: serve HTTPS instead of HTTP"
+    )
+    tls_key: Path | None = Field(None, description="PEM private key file of --tls-cert")
+    max_connections: int = Field(
+        1000, ge=1, le=1_000_000,
+        description="open client connections before new ones are refused (503)",
+    )
+    max_header_bytes: int = Field(
+        8190, ge=1024, le=65536,
+        description="longest request line and header field, bytes (431 over it)",
+    )
+    request_read_timeout: float = Field(
+        60, gt=0, le=3600,
+        description="seconds a client may take to send a request's headers and body "
+        "(a slow client is cut off; long polls wait on the node, not the client)",
     )
     linger: float | None = Field(
         None, ge=0, le=1,
@@ -144,6 +176,12 @@ class Settings(BaseSettings):
             if "client" not in parse_qs(urlparse(self.store).query):
                 sep = "&" if "?" in self.store else "?"
                 self.store = f"{self.store}{sep}client={self.s3_client}"
+        return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
         return self
 
     @field_validator("namespace")

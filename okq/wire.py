@@ -17,7 +17,7 @@ import builtins
 import functools
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     AfterValidator,
@@ -374,6 +374,50 @@ class QueueInfoOut(Body):
 
 class QueuesListResponse(Body):
     queues: list[QueueInfoOut]
+
+
+# -- API keys ------------------------------------------------------------------------
+
+KeyPrefix = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,128}$",
+                                 description="a queue-name prefix the key acts on")]
+
+
+class KeyCreate(Body):
+    role: Literal["admin", "producer", "consumer", "read-only"]
+    prefixes: list[KeyPrefix] = Field(
+        default_factory=list, max_length=20,
+        description="queue-name prefixes the key acts on; none: every queue of the namespace")
+    name: str = Field("", max_length=200, description="a label: who or what holds the key")
+
+
+class KeyOut(Body):
+    id: str
+    namespace: str
+    role: str
+    prefixes: list[str]
+    name: str
+    created_at: datetime
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="the key itself: shown once, kept only as a hash")
+
+
+class KeysListRequest(Body):
+    pass
+
+
+class KeysListResponse(Body):
+    keys: list[KeyOut]
+
+
+class KeyDelete(Body):
+    id: str = Field(pattern=r"^[0-9a-f]{16}$", description="the key's id")
+
+
+class KeyDeleteResponse(Body):
+    id: str
+    deleted: bool
 
 
 class DeleteResponse(Body):

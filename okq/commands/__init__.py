@@ -16,6 +16,7 @@ import click
 from okq.commands.context import Ctx
 from okq.commands.export_import import export_, import_
 from okq.commands.items import complete, items, lease, produce, retry, work
+from okq.commands.keys import keys
 from okq.commands.queues import dead, queues, stats
 
 __all__ = ["Ctx", "register"]
@@ -23,5 +24,5 @@ __all__ = ["Ctx", "register"]
 
 def register(group: click.Group) -> None:
     for cmd in (produce, lease, complete, retry, queues, stats, items, dead, export_,
-                import_, work):
+                import_, work, keys):
         group.add_command(cmd)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -33,13 +34,17 @@ class Ctx:
     api_key: str | None
     output: str
     timeout: float
+    namespace: str | None = None
+    ca_file: str | None = None
 
     @property
     def json(self) -> bool:
         return self.output == "json"
 
     def client(self) -> Client:
-        return Client(self.url, timeout=self.timeout, api_key=self.api_key)
+        context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+        return Client(self.url, timeout=self.timeout, api_key=self.api_key,
+                      namespace=self.namespace, ssl=context)
 
 
 # Nothing okq prints is markup: payloads, file names and errors are shown as they are.

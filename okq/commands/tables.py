@@ -24,6 +24,14 @@ def info_table(infos: list[s.QueueInfoOut]) -> Table:
     return t
 
 
+def keys_table(keys: list[s.KeyOut]) -> Table:
+    t = Table("id", "role", "namespace", "queues", "name", "created")
+    for k in keys:
+        t.add_row(k.id, k.role, k.namespace, ", ".join(f"{p}*" for p in k.prefixes) or "all",
+                  k.name or "-", f"{k.created_at:%Y-%m-%d %H:%M:%S}")
+    return t
+
+
 STAT_COLUMNS = ("available", "in_flight", "scheduled", "waiting_retry", "dead", "completed")
 
 

@@ -24,7 +24,7 @@ from okq.server import openapi
 from okq.server.handlers import forward
 from okq.server.middleware import errors_and_metrics
 from okq.server.routes import OPERATIONS, ROUTES
-from okq.server.state import METRICS, SERVICE, install
+from okq.server.state import METRICS, TENANTS, install
 from okq.settings import Settings
 from okq.sqs import http as sqs_http
 from okq.store import Store
@@ -41,6 +41,6 @@ def create_app(settings: Settings, store: Store, *, clock: Any = None) -> web.Ap
     app.router.add_get("/openapi.json", openapi.serve)
     app.router.add_post(FORWARD_PATH, forward)
     if settings.sqs:  # last: okq's own routes win over SQS's /<namespace>/<queue>
-        sqs_http.install(app, settings, app[SERVICE])
+        sqs_http.install(app, settings, app[TENANTS].service)
         app[METRICS].watch_sqs(app[sqs_http.SQS])
     return app

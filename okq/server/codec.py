@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime
 from typing import Any
@@ -10,7 +11,8 @@ import msgpack
 from aiohttp import web
 from pydantic import BaseModel
 
-from okq.errors import InvalidRequest, UnsupportedMediaType
+from okq.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
+from okq.server.state import SETTINGS
 
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 JSON = "application/json"
@@ -60,10 +62,20 @@ def decode(data: bytes, kind: str) -> Any:
         raise InvalidRequest(f"the body is not valid {name}: {reason}", field="body") from None
 
 
+async def read_bytes(request: web.Request) -> bytes:
+    """The body, within the node's --request-read-timeout: a client that trickles
+    its body is cut off (408) instead of holding a handler."""
+    timeout = request.app[SETTINGS].request_read_timeout
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout:g} s") from None
+
+
 async def read_body(request: web.Request) -> dict[str, Any]:
     """The body as a dict, decoded by its Content-Type (JSON when absent)."""
     kind = body_format(request)  # an unsupported type is refused whatever the body
-    data = await request.read()
+    data = await read_bytes(request)
     if not data.strip():
         return {}
     body = decode(data, kind)

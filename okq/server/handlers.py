@@ -19,17 +19,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from okq import wire as s
+from okq.auth import StoredKey, describe
 from okq.engine import BrowsedItem, QueueInfo
-from okq.errors import InvalidRequest, OkqError
+from okq.errors import Forbidden, InvalidRequest, OkqError
 from okq.keys import manifests_prefix
 from okq.model import QueueConfig
 from okq.publisher import NewItem
 from okq.routing import RoutedService
 from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, verify
-from okq.server.codec import read_body, respond, respond_plain, wants_msgpack
+from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
 from okq.server.middleware import public_details
-from okq.server.state import FLEET_KEYS, METRICS, SEQUENCER, SERVICE, STORE
-from okq.service import Outputs, Retry
+from okq.server.state import (
+    FLEET_KEYS,
+    KEYRING,
+    METRICS,
+    NAMESPACE,
+    PRINCIPAL,
+    SEQUENCER,
+    SERVICE,
+    STORE,
+    TENANTS,
+)
+from okq.service import Outputs, QueueService, Retry
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -134,6 +145,18 @@ def _new_items(items: list[s.ProduceItem], *, keys: bool = True) -> list[NewItem
     return [NewItem(i.payload(), ms(i.enqueue_at), i.key if keys else None) for i in items]
 
 
+# -- who asks, and in which namespace ---------------------------------------------------
+
+
+async def service_for(request: web.Request, *queues: tuple[str, str]) -> QueueService:
+    """The service of the request's namespace, once its key may act on each of
+    ``queues`` (``(name, field)`` pairs): the middleware checked role and namespace."""
+    who = request[PRINCIPAL]
+    for name, field in queues:
+        who.check_queue(name, field)
+    return await request.app[TENANTS].service(request[NAMESPACE])
+
+
 # -- the lease API ---------------------------------------------------------------
 
 
@@ -145,7 +168,7 @@ async def produce(request: web.Request) -> web.Response:
     else:
         body = _validate(raw, s.ProduceRequest)
         queue, items = body.queue_name, _new_items(body.items)
-    ids = await request.app[SERVICE].produce(queue, items)
+    ids = await (await service_for(request, (queue, "queue_name"))).produce(queue, items)
     request.app[METRICS].batch.labels("produce").observe(len(items))
     request.app[METRICS].items.labels("produced").inc(len(items))
     return respond(request, s.ProduceResponse.model_construct(queue_name=queue, ids=ids))
@@ -153,7 +176,7 @@ async def produce(request: web.Request) -> web.Response:
 
 async def lease(request: web.Request) -> web.Response:
     body = await parse(request, s.LeaseRequest)
-    service = request.app[SERVICE]
+    service = await service_for(request, (body.queue_name, "queue_name"))
     items = await service.lease(body.queue_name, body.batch_size,
                                 lease_timeout=body.lease_timeout, wait=body.request_timeout)
     if items and _client_gone(request):
@@ -175,7 +198,8 @@ def _client_gone(request: web.Request) -> bool:
 
 async def renew(request: web.Request) -> web.Response:
     body = await parse(request, s.RenewRequest)
-    deadline = await request.app[SERVICE].renew(body.queue_name, body.token, body.lease_timeout)
+    service = await service_for(request, (body.queue_name, "queue_name"))
+    deadline = await service.renew(body.queue_name, body.token, body.lease_timeout)
     return respond(request, s.RenewResponse(queue_name=body.queue_name,
                                             lease_deadline=dt(deadline)))
 
@@ -192,7 +216,10 @@ async def complete(request: web.Request) -> web.Response:
         if body.outputs is not None:
             outputs = Outputs(body.outputs.queue_name,
                               _new_items(body.outputs.items, keys=False))
-    output_ids = await request.app[SERVICE].complete(queue, tokens, outputs)
+    checked = [(queue, "queue_name")]
+    if outputs is not None:
+        checked.append((outputs.queue, "outputs.queue_name"))
+    output_ids = await (await service_for(request, *checked)).complete(queue, tokens, outputs)
     if outputs is not None:
         request.app[METRICS].items.labels("produced").inc(len(outputs.items))
     request.app[METRICS].batch.labels("complete").observe(len(tokens))
@@ -205,7 +232,8 @@ async def retry(request: web.Request) -> web.Response:
     body = await parse(request, s.RetryRequest)
     retries = [Retry(i.token, retry_at_ms=ms(i.retry_at), dead=i.dead, error=i.error,
                      count_attempt=i.count_attempt) for i in body.items]
-    outcome = await request.app[SERVICE].retry(body.queue_name, retries)
+    service = await service_for(request, (body.queue_name, "queue_name"))
+    outcome = await service.retry(body.queue_name, retries)
     request.app[METRICS].items.labels("retried").inc(outcome.retried)
     outcome.raise_if_failed()
     return respond(request, s.RetryResponse(queue_name=body.queue_name, retried=outcome.retried))
@@ -216,7 +244,8 @@ async def retry(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueRequest)
-    st = await request.app[SERVICE].stats(body.queue_name)
+    st = await (await service_for(request, (body.queue_name, "queue_name"))).stats(
+        body.queue_name)
     request.app[METRICS].queue_stats[body.queue_name] = st
     return respond(request, s.StatsResponse(
         queue_name=st.queue, available=st.available, in_flight=st.in_flight,
@@ -229,7 +258,7 @@ async def stats(request: web.Request) -> web.Response:
 
 async def purge(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueRequest)
-    await request.app[SERVICE].purge(body.queue_name)
+    await (await service_for(request, (body.queue_name, "queue_name"))).purge(body.queue_name)
     return respond(request, s.PurgeResponse(queue_name=body.queue_name))
 
 
@@ -238,42 +267,55 @@ def _config(body: s.QueueSettings) -> dict[str, Any]:
     return body.model_dump(exclude_unset=True, exclude_none=True, exclude={"name"})
 
 
+def _named(body: s.QueueCreate | s.QueueUpdate) -> list[tuple[str, str]]:
+    """The queues a create or update names: itself and its dead-letter queue."""
+    out = [(body.name, "name")]
+    if body.dead_queue:
+        out.append((body.dead_queue, "dead_queue"))
+    return out
+
+
 async def queues_create(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueCreate)
     try:
         config = QueueConfig.model_validate(_config(body))
     except ValidationError as exc:
         raise invalid(exc, s.QueueCreate) from None
-    info = await request.app[SERVICE].create_queue(body.name, config)
+    service = await service_for(request, *_named(body))
+    info = await service.create_queue(body.name, config)
     return respond(request, _info(info), 201)
 
 
 async def queues_list(request: web.Request) -> web.Response:
     await parse(request, s.QueuesListRequest)
-    infos = await request.app[SERVICE].queues()
+    infos = [i for i in await (await service_for(request)).queues()
+             if request[PRINCIPAL].covers(i.name)]
     return respond(request, s.QueuesListResponse(queues=[_info(i) for i in infos]))
 
 
 async def queues_info(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueNameRequest)
-    return respond(request, _info(await request.app[SERVICE].queue(body.name)))
+    service = await service_for(request, (body.name, "name"))
+    return respond(request, _info(await service.queue(body.name)))
 
 
 async def queues_update(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueUpdate)
-    info = await request.app[SERVICE].update_queue(body.name, **_config(body))
+    service = await service_for(request, *_named(body))
+    info = await service.update_queue(body.name, **_config(body))
     return respond(request, _info(info))
 
 
 async def queues_delete(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueNameRequest)
-    await request.app[SERVICE].delete_queue(body.name)
+    await (await service_for(request, (body.name, "name"))).delete_queue(body.name)
     return respond(request, s.DeleteResponse(name=body.name))
 
 
 async def items_list(request: web.Request) -> web.Response:
     body = await parse(request, s.ItemsListRequest)
-    items, after = await request.app[SERVICE].browse(
+    service = await service_for(request, (body.queue_name, "queue_name"))
+    items, after = await service.browse(
         body.queue_name, start_after=body.start_after, limit=body.limit)
     return respond(request, s.ItemsListResponse(
         queue_name=body.queue_name, items=[_item(i) for i in items], next_start_after=after))
@@ -281,8 +323,52 @@ async def items_list(request: web.Request) -> web.Response:
 
 async def dead_redrive(request: web.Request) -> web.Response:
     body = await parse(request, s.RedriveRequest)
-    moved = await request.app[SERVICE].redrive(body.queue_name, body.limit)
+    service = await service_for(request, (body.queue_name, "queue_name"))
+    moved = await service.redrive(body.queue_name, body.limit)
     return respond(request, s.RedriveResponse(queue_name=body.queue_name, moved=moved))
+
+
+# -- API keys -------------------------------------------------------------------------
+
+
+def _key_out(key: StoredKey, secret: str | None = None) -> s.KeyOut:
+    fields = {**describe(key), "created_at": dt(key.created_ms)}
+    del fields["created_ms"]
+    return s.KeyCreated(**fields, key=secret) if secret else s.KeyOut(**fields)
+
+
+async def keys_create(request: web.Request) -> web.Response:
+    """A key of the request's namespace, within the asking key's own queues."""
+    body = await parse(request, s.KeyCreate)
+    who = request[PRINCIPAL]
+    if not who.within(body.prefixes):
+        raise Forbidden("a key may only make keys for queues it acts on itself: give "
+                        f"prefixes starting with {', '.join(map(repr, who.prefixes))}",
+                        field="prefixes")
+    secret, key = await request.app[KEYRING].create(request[NAMESPACE], body.role,
+                                                    body.prefixes, body.name)
+    return respond(request, _key_out(key, secret), 201)
+
+
+async def keys_list(request: web.Request) -> web.Response:
+    await parse(request, s.KeysListRequest)
+    who = request[PRINCIPAL]
+    keys = await request.app[KEYRING].list(request[NAMESPACE])
+    return respond(request, s.KeysListResponse(
+        keys=[_key_out(k) for k in keys if who.within(list(k.prefixes))]))
+
+
+async def keys_delete(request: web.Request) -> web.Response:
+    body = await parse(request, s.KeyDelete)
+    who = request[PRINCIPAL]
+    ring = request.app[KEYRING]
+    keys = {k.id: k for k in await ring.list(request[NAMESPACE])}
+    key = keys.get(body.id)
+    if key is not None and not who.within(list(key.prefixes)):
+        raise Forbidden("this key may not delete a key that acts on queues it does not",
+                        field="id")
+    deleted = key is not None and await ring.delete(body.id, request[NAMESPACE])
+    return respond(request, s.KeyDeleteResponse(id=body.id, deleted=deleted))
 
 
 # -- operations ---------------------------------------------------------------------
@@ -308,7 +394,7 @@ async def forward(request: web.Request) -> web.Response:
     result (``ok``) or the okq error (``err``), and whether this node holds the
     queue's role (``held``), so a sender with an old view looks again."""
     service, sequencer = request.app[SERVICE], request.app[SEQUENCER]
-    body = await request.read()
+    body = await read_bytes(request)
     if not isinstance(service, RoutedService) or sequencer is None:
         raise web.HTTPNotFound()
     verify(request.app[FLEET_KEYS], body, request.headers.get(SIGNATURE_HEADER, ""))

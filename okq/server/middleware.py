@@ -4,7 +4,6 @@ bodies with their HTTP status, and request metrics."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 import uuid
@@ -14,9 +13,11 @@ from typing import Any
 from aiohttp import web
 
 from okq import wire as s
-from okq.errors import OkqError, Overloaded, TooLarge, Unauthorized
+from okq.auth import open_principal
+from okq.errors import Forbidden, OkqError, Overloaded, TooLarge, Unauthorized
+from okq.keys import check_name
 from okq.server.codec import respond
-from okq.server.state import API_KEYS, METRICS, SETTINGS
+from okq.server.state import KEYRING, METRICS, NAMESPACE, PRINCIPAL, SETTINGS
 
 log = logging.getLogger("okq.server")
 
@@ -44,21 +45,43 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     return response
 
 
-def _authorize(request: web.Request) -> None:
-    keys = request.app[API_KEYS]
-    if not keys or not request.path.startswith("/v1/"):
+#: Names the namespace a request acts in (an operator key's choice; a namespace key's
+#: own, which the header may repeat but not change).
+NAMESPACE_HEADER = "X-Okq-Namespace"
+
+
+async def _authenticate(request: web.Request) -> None:
+    """Who a /v1 request acts as and in which namespace, once its key allows the
+    operation there (401 without a valid key where one is needed, 403 beyond it)."""
+    if not request.path.startswith("/v1/") or request.match_info.http_exception is not None:
         return
-    header = request.headers.get("Authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not any(
-        hmac.compare_digest(key.strip(), k) for k in keys
-    ):
-        raise Unauthorized("a valid API key is required: 'Authorization: Bearer KEY'")
+    ring, settings = request.app[KEYRING], request.app[SETTINGS]
+    header = request.headers.get("Authorization")
+    if header is None:
+        if ring.required:
+            raise Unauthorized("a valid API key is required: 'Authorization: Bearer KEY'")
+        principal = open_principal()
+    else:
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthorized("a valid API key is required: the Authorization header must be "
+                               "'Bearer KEY'")
+        principal = await ring.principal(key.strip())
+    operation = request.path[len("/v1/"):]
+    if not principal.may(operation):
+        raise Forbidden(f"a {principal.role} key may not call {operation}", role=principal.role)
+    asked = request.headers.get(NAMESPACE_HEADER)
+    if asked is not None:
+        check_name(asked, NAMESPACE_HEADER)
+    namespace = asked or principal.namespace or settings.namespace
+    principal.check_namespace(namespace)
+    request[PRINCIPAL] = principal
+    request[NAMESPACE] = namespace
 
 
 async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
-        _authorize(request)
+        await _authenticate(request)
         return await handler(request)
     except Overloaded as exc:
         retry_after = {"Retry-After": str(max(1, round(exc.retry_after)))}

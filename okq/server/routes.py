@@ -50,6 +50,12 @@ ROUTES: list[Route] = [
           "Browse live items without leasing them."),
     Route("/v1/dead.redrive", h.dead_redrive, s.RedriveRequest, s.RedriveResponse,
           "Move dead-lettered items back to their source queues."),
+    Route("/v1/keys.create", h.keys_create, s.KeyCreate, s.KeyCreated,
+          "Make an API key of this namespace (admin); its secret is shown once."),
+    Route("/v1/keys.list", h.keys_list, s.KeysListRequest, s.KeysListResponse,
+          "The namespace's API keys, without their secrets (admin)."),
+    Route("/v1/keys.delete", h.keys_delete, s.KeyDelete, s.KeyDeleteResponse,
+          "Delete an API key; every node stops accepting it within --api-key-cache s."),
 ]
 
 #: The GET endpoints outside the API (``/openapi.json`` is added by the app).

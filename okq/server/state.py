@@ -16,10 +16,12 @@ from typing import Any
 
 from aiohttp import web
 
+from okq.auth import KeyRing
 from okq.engine import Engine
 from okq.routing import RoutedService
 from okq.sequencer import Sequencer
 from okq.server.metrics import Metrics
+from okq.server.tenants import Tenants
 from okq.service import Admission, QueueService
 from okq.settings import Settings
 from okq.store import CountingStore, Store
@@ -30,7 +32,11 @@ SERVICE = web.AppKey("service", QueueService)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", CountingStore)
-API_KEYS = web.AppKey("api_keys", frozenset)
+KEYRING = web.AppKey("keyring", KeyRing)
+#: What the middleware puts in each /v1 request: who asks, and in which namespace.
+PRINCIPAL = "okq.principal"
+NAMESPACE = "okq.namespace"
+TENANTS = web.AppKey("tenants", Tenants)
 SEQUENCER: web.AppKey[Sequencer | None] = web.AppKey("sequencer")
 FLEET_KEYS = web.AppKey("fleet_keys", list)
 
@@ -59,19 +65,21 @@ def install(app: web.Application, settings: Settings, store: Store, *,
     app[SEQUENCER] = sequencer
     app[FLEET_KEYS] = keys
     app[METRICS] = Metrics()
-    app[API_KEYS] = settings.api_key_set()
+    app[KEYRING] = KeyRing(counting, settings.api_key_set(), required=settings.require_api_keys,
+                           ttl=settings.api_key_cache)
+    app[TENANTS] = Tenants(settings, counting, keys, app[SERVICE], clock=clock)
     app[METRICS].watch(engine, counting, sequencer)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_stop_waiting)
 
 
-def advertise(app: web.Application, host: str, port: int) -> None:
+def advertise(app: web.Application, host: str, port: int, scheme: str = "http") -> None:
     """The node listens on ``host:port``: where other nodes reach it, unless set."""
     sequencer = app[SEQUENCER]
     if sequencer is not None and not sequencer.url:
         if host in ("0.0.0.0", "::", ""):
             host = socket.gethostname()
-        sequencer.url = f"http://{host}:{port}"
+        sequencer.url = f"{scheme}://{host}:{port}"
         log.info("sequencer mode: other nodes reach this one at %s", sequencer.url)
 
 
@@ -83,9 +91,11 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     if sequencer is not None:
         await sequencer.stop()  # gives its roles up: another node takes them at once
+    await app[TENANTS].close()
     await engine.close()  # flushes pending produce batches
     await app[STORE].close()
 
 
 async def _stop_waiting(app: web.Application) -> None:
     app[ENGINE].stop_waiting()
+    app[TENANTS].stop_waiting()

@@ -35,6 +35,7 @@ ERRORS: dict[str, tuple[str, int]] = {
     "SignatureDoesNotMatch": ("SignatureDoesNotMatch", 403),
     "RequestExpired": ("RequestExpired", 400),
     "AccessDenied": ("AccessDenied", 403),
+    "RequestTimeout": ("RequestTimeout", 408),
     "ServiceUnavailable": ("ServiceUnavailable", 503),
     "InternalFailure": ("InternalFailure", 500),
 }

@@ -13,11 +13,13 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
 from aiohttp import web
 
+from okq.errors import OkqError
 from okq.service import QueueService
 from okq.settings import Settings
 from okq.sqs import protocol as proto
@@ -37,13 +39,15 @@ PATHS = ("/", "/{namespace}/{queue}")
 class SqsFrontEnd:
     """The SQS API of one node: its keys, how it names queues, its service."""
 
-    def __init__(self, settings: Settings, service: QueueService) -> None:
+    def __init__(self, settings: Settings,
+                 services: Callable[[str], Awaitable[QueueService]]) -> None:
         self.keys = settings.sqs_credentials()
         self.namespace = settings.namespace
         self.unsigned_namespace = settings.namespace if settings.sqs_unsigned else None
         self.region = settings.sqs_region
         self.base_url = settings.sqs_url.rstrip("/") if settings.sqs_url else None
-        self.service = service
+        self.services = services  # a namespace's queue service (the node's tenants)
+        self.read_timeout = settings.request_read_timeout
         self.api = SqsApi(settings.max_item_bytes)
         self.stale_deletes = 0
         self.answers: dict[tuple[str, str], int] = {}  # (action, code) -> count
@@ -51,18 +55,23 @@ class SqsFrontEnd:
             log.info("the SQS API is on but no --sqs-keys are set: it refuses every request")
 
     def caller(self, request: web.Request, body: bytes) -> Caller:
-        caller = verify(Signed(request.method, request.raw_path.split("?", 1)[0],
-                               request.query_string, request.headers, body),
-                        self.keys, unsigned_namespace=self.unsigned_namespace)
-        if caller.namespace != self.namespace:
-            raise SqsError("InvalidClientTokenId", f"this access key acts in namespace "
-                           f"{caller.namespace!r}, which this node does not serve (it serves "
-                           f"{self.namespace!r})")
-        return caller
+        return verify(Signed(request.method, request.raw_path.split("?", 1)[0],
+                             request.query_string, request.headers, body),
+                      self.keys, unsigned_namespace=self.unsigned_namespace)
 
-    def names(self, request: web.Request) -> Names:
+    async def service(self, caller: Caller) -> QueueService:
+        """The queue service of the caller's namespace (a node in sequencer mode serves
+        its own only: a key of another is refused as SQS refuses an unknown account)."""
+        try:
+            return await self.services(caller.namespace)
+        except OkqError as exc:
+            raise SqsError("InvalidClientTokenId", f"this access key acts in namespace "
+                           f"{caller.namespace!r}, which this node cannot serve: "
+                           f"{exc.message}") from None
+
+    def names(self, request: web.Request, namespace: str) -> Names:
         base = self.base_url or f"{request.scheme}://{request.host}"
-        return Names(base, self.region, self.namespace)
+        return Names(base, self.region, namespace)
 
     def count(self, action: str, code: str) -> None:
         """Count an answer (actions this API does not know are counted as unknown:
@@ -74,9 +83,11 @@ class SqsFrontEnd:
 SQS = web.AppKey("sqs", SqsFrontEnd)
 
 
-def install(app: web.Application, settings: Settings, service: QueueService) -> None:
-    """Serve the SQS API in ``app`` (after okq's own routes)."""
-    front = SqsFrontEnd(settings, service)
+def install(app: web.Application, settings: Settings,
+            services: Callable[[str], Awaitable[QueueService]]) -> None:
+    """Serve the SQS API in ``app`` (after okq's own routes); ``services`` gives the
+    queue service of a namespace."""
+    front = SqsFrontEnd(settings, services)
     app[SQS] = front
     for path in PATHS:
         app.router.add_route("POST", path, handle)
@@ -98,7 +109,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         caller = front.caller(request, body)
         action, params = _parse(request, body, json_protocol)
         handler = front.api.action(action)
-        call = Call(front.service, front.names(request), caller.access_key,
+        call = Call(await front.service(caller), front.names(request, caller.namespace),
+                    caller.access_key,
                     gone=lambda: request.transport is None or request.transport.is_closing())
         result = await handler(call, params)
     except SqsError as err:
@@ -125,7 +137,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
 
 async def _body(request: web.Request) -> bytes:
     try:
-        return await request.read()
+        return await asyncio.wait_for(request.read(), request.app[SQS].read_timeout)
+    except TimeoutError:
+        raise SqsError("RequestTimeout", "the request body did not arrive in time") from None
     except web.HTTPRequestEntityTooLarge:
         raise SqsError("InvalidParameterValue", "The request body is over the node's limit "
                        "(--max-body-bytes)") from None

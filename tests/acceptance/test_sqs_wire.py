@@ -557,7 +557,6 @@ AUTH: dict[str, tuple[Callable[[Req], Req], str]] = {
     "no-authorization": (lambda r: r, "MissingAuthenticationToken"),
     "tampered-body": (lambda r: replace(signed(r), body=r.body.replace(b"intruder", b"intrudes")),
                       "SignatureDoesNotMatch"),
-    "other-namespace": (lambda r: signed(r, OTHER_KEY, OTHER_SECRET), "InvalidClientTokenId"),
     "20-minutes-ago": (lambda r: signed_at(r, datetime.now(UTC) - timedelta(minutes=20)),
                        "SignatureDoesNotMatch"),
     "20-minutes-ahead": (lambda r: signed_at(r, datetime.now(UTC) + timedelta(minutes=20)),
@@ -580,6 +579,42 @@ def test_refused_signature(seeded: Seeded, protocol: str, case: str) -> None:
     message = assert_error(post(sign(intruder(seeded, protocol))), protocol, 403, shape)
     if case.startswith("20-minutes"):
         assert "signature expired" in message.lower(), message
+    seeded.assert_untouched()
+
+
+def other(node: Node, action: str, params: dict[str, Any]) -> Reply:
+    """A JSON-protocol call signed with the key of namespace ``otherns``."""
+    return post(signed(json_req(node, action, params), OTHER_KEY, OTHER_SECRET))
+
+
+def test_a_key_acts_in_its_own_namespace_only(seeded: Seeded) -> None:
+    """The key of ``otherns`` gets queues of its own, on the same node, and cannot
+    see, send to or receive from the default namespace's."""
+    name = f"ns-{uuid.uuid4().hex[:10]}"
+    made = other(seeded.node, "CreateQueue", {"QueueName": name})
+    assert made.status == 200, made.body
+    url = made.json()["QueueUrl"]
+    assert url == f"{seeded.node.url}/otherns/{name}"
+    assert other(seeded.node, "SendMessage", {"QueueUrl": url, "MessageBody": "theirs"}
+                 ).status == 200
+    listed = other(seeded.node, "ListQueues", {}).json().get("QueueUrls", [])
+    assert listed == [url]  # none of the default namespace's
+    assert name not in " ".join(list_queues(seeded.node))
+    for action, params in [("SendMessage", {"QueueUrl": seeded.url, "MessageBody": "x"}),
+                           ("ReceiveMessage", {"QueueUrl": seeded.url}),
+                           ("GetQueueAttributes", {"QueueUrl": seeded.url,
+                                                   "AttributeNames": ["All"]})]:
+        assert_error(other(seeded.node, action, params), "json", 400, "QueueDoesNotExist")
+    # the default key cannot reach otherns's queue either, even by its URL
+    mine = post(signed(json_req(seeded.node, "ReceiveMessage", {"QueueUrl": url})))
+    assert_error(mine, "json", 400, "QueueDoesNotExist")
+    got = other(seeded.node, "ReceiveMessage", {"QueueUrl": url}).json()["Messages"]
+    assert [m["Body"] for m in got] == ["theirs"]
+    # a receipt handle of one namespace is not valid in the other
+    handle = got[0]["ReceiptHandle"]
+    stolen = post(signed(json_req(seeded.node, "DeleteMessage",
+                                  {"QueueUrl": seeded.url, "ReceiptHandle": handle})))
+    assert_error(stolen, "json", 400, "ReceiptHandleIsInvalid")
     seeded.assert_untouched()
 
 
