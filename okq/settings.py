@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     )
     max_header_bytes: int = Field(
         8190, ge=1024, le=65536,
-        description="longest request line and header field, bytes (431 over it)",
+        description="longest request line and header field, bytes (400 over it)",
     )
     request_read_timeout: float = Field(
         60, gt=0, le=3600,

@@ -70,6 +70,9 @@ async def read_bytes(request: web.Request) -> bytes:
         return await asyncio.wait_for(request.read(), timeout)
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {timeout:g} s") from None
+    except ConnectionError:  # the client went away mid-body: its mistake, not an error here
+        raise InvalidRequest("the connection closed before the body arrived",
+                             field="body") from None
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:

@@ -9,24 +9,28 @@ exhausting a node.
   poll waits on the node, not on the client. A body must arrive within the same
   time (``okq.server.codec.read_body``).
 - **Headers**: request lines and header fields over ``--max-header-bytes`` are
-  refused (431, aiohttp's parser), as are more than 128 header fields.
+  refused (400, aiohttp's parser), as are more than 128 header fields; the node logs
+  them at debug level, not as errors (``okq.cli``'s filter).
 - **Bodies**: over ``--max-body-bytes``, 413.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from okq.settings import Settings
 
+_REFUSED_BODY = (b'{"code": "overloaded", "message": "too many open connections to this node", '
+                 b'"details": {}}')
 _REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            b"Connection: close\r\nRetry-After: 1\r\nContent-Length: 91\r\n\r\n"
-            b'{"code": "overloaded", "message": "too many open connections to this node", '
-            b'"details": {}}')
+            b"Connection: close\r\nRetry-After: 1\r\n"
+            b"Content-Length: " + str(len(_REFUSED_BODY)).encode() + b"\r\n\r\n" + _REFUSED_BODY)
 
 
 class _Refuse(asyncio.Protocol):
@@ -38,11 +42,22 @@ class _Refuse(asyncio.Protocol):
         transport.close()
 
 
+class _Open:
+    """Connections accepted and not yet closed, counted as the factory makes them:
+    asyncio accepts a burst of sockets before any of their ``connection_made`` runs,
+    so aiohttp's own list would let a burst past the limit."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class _Guarded(web.RequestHandler):
     """aiohttp's connection handler, closed when a client is too slow to send."""
 
-    def __init__(self, manager: Any, *, read_timeout: float, **kwargs: Any) -> None:
+    def __init__(self, manager: Any, *, read_timeout: float, open_: _Open,
+                 **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
+        self.okq_open = open_
         self.okq_read_timeout = read_timeout
         self.okq_timer: asyncio.TimerHandle | None = None
         self.okq_seen = -1
@@ -66,7 +81,27 @@ class _Guarded(web.RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.okq_timer is not None:
             self.okq_timer.cancel()
+        self.okq_open.n -= 1
         super().connection_lost(exc)
+
+
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a header over the limit, garbage) as an
+    error with a traceback: any client could fill the log. They are answered 4xx;
+    here they are logged at debug level instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and record.levelno > logging.DEBUG:
+            logging.getLogger("okq.server").debug("refused a malformed request: %s", exc)
+            return False
+        return True
+
+
+def quiet_bad_requests() -> None:
+    logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _QuietBadRequests) for f in logger.filters):
+        logger.addFilter(_QuietBadRequests())
 
 
 def tls_context(settings: Settings) -> ssl.SSLContext | None:
@@ -89,13 +124,17 @@ async def listen(runner: web.AppRunner, settings: Settings) -> asyncio.Server:
     """Serve ``runner``'s app on the settings' host and port, guarded as above."""
     server = runner.server
     assert server is not None, "the runner is set up first"
+    quiet_bad_requests()
     loop = asyncio.get_running_loop()
     args = {"loop": loop, **handler_args(settings)}
+    open_ = _Open()
 
     def connection() -> asyncio.Protocol:
-        if len(server.connections) >= settings.max_connections:
+        if open_.n >= settings.max_connections:
             return _Refuse()
-        return _Guarded(server, read_timeout=settings.request_read_timeout, **args)
+        open_.n += 1
+        return _Guarded(server, read_timeout=settings.request_read_timeout, open_=open_,
+                        **args)
 
     return await loop.create_server(connection, settings.host, settings.port,
                                     ssl=tls_context(settings), reuse_address=True,

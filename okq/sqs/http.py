@@ -140,6 +140,9 @@ async def _body(request: web.Request) -> bytes:
         return await asyncio.wait_for(request.read(), request.app[SQS].read_timeout)
     except TimeoutError:
         raise SqsError("RequestTimeout", "the request body did not arrive in time") from None
+    except ConnectionError:
+        raise SqsError("InvalidParameterValue", "the connection closed before the body "
+                       "arrived") from None
     except web.HTTPRequestEntityTooLarge:
         raise SqsError("InvalidParameterValue", "The request body is over the node's limit "
                        "(--max-body-bytes)") from None
