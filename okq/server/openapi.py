@@ -18,13 +18,24 @@ from okq.server.routes import ROUTES
 
 ERRORS = {
     "400": "invalid input; details.field names the field",
-    "401": "missing or wrong API key (when the node has API keys)",
+    "401": "missing or wrong API key (when the node requires keys)",
+    "403": "the key's role, namespace or queue prefixes do not allow this",
+    "408": "the body did not arrive within the node's read timeout",
     "404": "unknown queue",
     "409": "lost or stale lease, or the queue exists",
     "413": "payload, batch or body over the node's limit; details.field names it",
     "415": "a Content-Type that is neither JSON nor msgpack",
     "429": "overloaded: retry after Retry-After seconds",
     "503": "the store is unavailable or the produce was not published: retry",
+}
+
+
+#: The namespace an operator key acts in (a namespace key's own, if given).
+NAMESPACE_PARAMETER = {
+    "name": "X-Okq-Namespace", "in": "header", "required": False,
+    "description": "the namespace to act in: an operator key's choice (default: the "
+                   "node's); a namespace key may only name its own",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"},
 }
 
 
@@ -59,13 +70,14 @@ def document() -> dict[str, Any]:
             "post": {
                 "operationId": handler.__name__,
                 "summary": summary,
+                "parameters": [NAMESPACE_PARAMETER],
                 "requestBody": {"required": True, "content": _json_and_msgpack(req)},
                 "responses": responses,
             }
         }
-    paths["/v1/queues.create"]["post"]["responses"]["201"] = paths["/v1/queues.create"][
-        "post"
-    ]["responses"].pop("200")
+    for created in ("/v1/queues.create", "/v1/keys.create"):
+        answers = paths[created]["post"]["responses"]
+        answers["201"] = answers.pop("200")
     paths["/health"] = {
         "get": {
             "operationId": "health",
@@ -91,7 +103,11 @@ def document() -> dict[str, Any]:
         "info": {"title": "okq", "version": okq.__version__,
                  "description": "A durable queue on object storage: the lease API."},
         "paths": paths,
-        "components": {"schemas": defs["$defs"]},
+        "components": {"schemas": defs["$defs"],
+                       "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
+        # /v1 calls carry a key on a node that requires them (docs/SECURITY.md);
+        # {} keeps calls without one valid for a node that does not
+        "security": [{"apiKey": []}, {}],
     }
 
 

@@ -113,6 +113,8 @@ def test_no_server_errors_with_a_read_only_key(node: Node, tmp_path: Path) -> No
     assert_no_server_error(node, code, output)
     after = _statuses(node)
     assert after.get("403", 0) > before.get("403", 0), after  # the writes were refused
+    # Every write is refused; a read may be too, when every example of it named
+    # another namespace in X-Okq-Namespace (a read-only key acts in its own only).
     refused = re.search(r"(\d+) operations returned only 401/403", output)
-    assert refused and int(refused[1]) == len(ROUTES) - READS, output[-3000:]
+    assert refused and len(ROUTES) - READS <= int(refused[1]) <= len(ROUTES), output[-3000:]
     assert after.get("200", 0) > before.get("200", 0), after  # and the reads answered
