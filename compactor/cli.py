@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from compactor.core import Compactor, CompactorOptions, Report, children
 from okq.clock import SystemClock
-from okq.errors import OkqError
+from okq.errors import ConditionalWritesUnsupported, OkqError, StorageError
 from okq.keys import NAME_RE, manifests_prefix
 from okq.runtime import EngineOptions, Runtime
 from okq.settings import Settings
@@ -200,7 +200,7 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
         return compactors[ns]
 
     if settings.self_check:
-        await check_conditional_writes(store)
+        await _self_check(store, once)
     metrics = Metrics(store)
     host = metrics_host or settings.host
     runner = await _serve_metrics(metrics, host, metrics_port) if metrics_port else None
@@ -210,18 +210,19 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
         loop.add_signal_handler(sig, stop.set)
     try:
         while not stop.is_set():
-            names = await namespaces(store) if all_namespaces else [settings.namespace]
-            for ns in names:
-                report = await compactor_for(ns).run_once()
-                metrics.record(report)
-                log.info(
-                    "pass over namespace %s: %d queues, %d segments folded, %d merged into "
-                    "%d, %d items moved, %d expired, %d objects (%d bytes) deleted in %.2fs",
-                    ns, report.queues, report.segments_folded,
-                    report.segments_merged, report.merged_into, report.items_moved,
-                    report.items_expired, report.objects_deleted, report.bytes_reclaimed,
-                    report.seconds,
-                )
+            try:
+                names = await namespaces(store) if all_namespaces else [settings.namespace]
+                for ns in names:
+                    report = await compactor_for(ns).run_once()
+                    metrics.record(report)
+                    _log_pass(ns, report)
+            except StorageError as exc:
+                if once:
+                    raise
+                # A pass is safe to cut short anywhere (every step is a CAS or an
+                # idempotent delete): the next one takes up where this one stopped.
+                log.warning("pass cut short by the store (%s); the next pass in %gs",
+                            exc, interval)
             if once:
                 break
             with contextlib.suppress(TimeoutError):
@@ -232,6 +233,34 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
         await store.close()
         if runner is not None:
             await runner.cleanup()
+
+
+def _log_pass(ns: str, report: Report) -> None:
+    log.info(
+        "pass over namespace %s: %d queues, %d segments folded, %d merged into "
+        "%d, %d items moved, %d expired, %d objects (%d bytes) deleted in %.2fs",
+        ns, report.queues, report.segments_folded,
+        report.segments_merged, report.merged_into, report.items_moved,
+        report.items_expired, report.objects_deleted, report.bytes_reclaimed,
+        report.seconds,
+    )
+
+
+async def _self_check(store: Store, once: bool, attempts: int = 10) -> None:
+    """The store's conditional writes, checked at start. A store that ignores them is
+    refused at once; one that fails to answer is asked again, a few times, before the
+    compactor gives up (a compactor started beside a store that is restarting)."""
+    for attempt in range(attempts):
+        try:
+            await check_conditional_writes(store)
+            return
+        except ConditionalWritesUnsupported:
+            raise
+        except StorageError as exc:
+            if once or attempt == attempts - 1:
+                raise
+            log.warning("store self-check failed (%s); trying again in 2s", exc)
+            await asyncio.sleep(2)
 
 
 async def namespaces(store: Store) -> list[str]:

@@ -18,13 +18,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
+
+import pytest
 
 from okq import Engine, ManualClock
 from okq.client import Client
+from okq.devservers import client_environment
 from okq.store import FileStore, list_all
 from tests.engines import make_engine
 from tests.nodes import free_port, okq_node
+from tests.s3proxy import Rule, S3Proxy
+from tests.servers import BUCKET
 
 PASS_LINE = re.compile(
     r"pass over namespace default: (?P<queues>\d+) queues, (?P<folded>\d+) segments folded, "
@@ -209,3 +215,46 @@ def test_compactor_exports_its_store_requests_and_sweeps_every_gc_every(tmp_path
     # Sweeping passes list far more than quiet ones; a scrape that lands inside a
     # pass can move a few LISTs between neighbours, so count only the quiet minimum.
     assert max(lists) > min(lists) and lists.count(min(lists)) >= 3, lists
+
+
+@pytest.mark.s3
+def test_a_store_error_cuts_a_pass_short_and_the_compactor_goes_on(
+        seaweed_endpoint: str) -> None:
+    """A long-running compactor outlives the store's errors: a pass they cut short is
+    logged, and the next pass runs (it used to exit on the first 500)."""
+    port = free_port()
+    with S3Proxy(seaweed_endpoint) as proxy:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "compactor", "--store", f"s3://{BUCKET}/{uuid.uuid4().hex}",
+             "--endpoint-url", proxy.endpoint, "--interval", "0.3",
+             "--metrics-port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env=client_environment())
+        try:
+            before = _passes_after(port, 1)
+            rule = proxy.add(Rule(path="/", times=3, forward=False, reply="error"))
+            deadline = time.monotonic() + 20
+            while len(rule.matched) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(rule.matched) == 3, rule.matched
+            after = _passes_after(port, before + 2)
+            assert proc.poll() is None and after >= before + 2
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+    assert "pass cut short by the store" in err, err
+
+
+def _passes_after(port: int, at_least: float, timeout: float = 30) -> float:
+    """The compactor's passes so far, once there are ``at_least``."""
+    deadline = time.monotonic() + timeout
+    passes = 0.0
+    while time.monotonic() < deadline:
+        try:
+            passes = _scrape(f"http://127.0.0.1:{port}/metrics")["okq_compactor_passes_total"]
+        except (OSError, KeyError):
+            passes = 0.0
+        if passes >= at_least:
+            return passes
+        time.sleep(0.05)
+    raise AssertionError(f"only {passes} compactor passes in {timeout}s")
