@@ -324,7 +324,8 @@ class SeaweedServer(Server):
         drop = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", *AWS_IDENTITY_VARS}
         return {k: v for k, v in os.environ.items() if k not in drop}
 
-    def start(self) -> Self:
+    def start(self, *, keep_ports: bool = False) -> Self:
+        """Start ``weed mini`` on free ports (``keep_ports``: on those of the last start)."""
         began = time.monotonic()
         root = self.root
         if root is None:
@@ -332,8 +333,9 @@ class SeaweedServer(Server):
             root = Path(self._tmp.name)
         for sub in ("data", "logs"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        names = ["master", "volume", "filer", "s3", "admin"]
-        self.ports = dict(zip(names, free_port_pairs(len(names)), strict=True))
+        if not keep_ports:
+            names = ["master", "volume", "filer", "s3", "admin"]
+            self.ports = dict(zip(names, free_port_pairs(len(names)), strict=True))
         self._process = Process("SeaweedFS", self._command(root), root / "weed.out",
                                 env=self._environment(), cwd=root)
         self._process.start()
@@ -351,6 +353,15 @@ class SeaweedServer(Server):
             ) from None
         self.startup_seconds = time.monotonic() - began
         return self
+
+    def restart(self) -> Self:
+        """Stop SeaweedFS and start it again on the same ports and data directory, as
+        an operator restarting the S3 server would: its clients keep their endpoint
+        and find every object again. Only a server with a ``root`` keeps its data."""
+        if self.root is None:
+            raise RuntimeError("a SeaweedServer without a root loses its data on stop")
+        self.stop()
+        return self.start(keep_ports=True)
 
     def _wait_ready(self, deadline: float) -> None:
         """Wait for the S3 port, then for the bucket and a first object write to work

@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -72,6 +72,7 @@ class FleetNode:
         self.port = port
         self.url = f"http://{HOST}:{port}"
         self.start_timeout = start_timeout
+        self._env = dict(env)
         self.process = Process(f"node {index}", argv, log_path, env=env)
 
     def __repr__(self) -> str:
@@ -127,6 +128,12 @@ class FleetNode:
     def stop(self, timeout: float = 15.0) -> int | None:
         return self.process.stop(timeout)
 
+    def set_extra_env(self, extra: Mapping[str, str] | None = None) -> None:
+        """From the next start, run with ``extra`` on top of the fleet's environment
+        (None: the fleet's alone). A fault campaign gives one node libfaketime's
+        ``LD_PRELOAD`` and ``FAKETIME`` this way: a wrong clock from outside okq."""
+        self.process.env = {**self._env, **(extra or {})}
+
     def restart(self, timeout: float = 15.0) -> None:
         """Stop it if it runs, start it again on the same port, wait until healthy."""
         self.stop(timeout)
@@ -164,7 +171,9 @@ class LocalFleet:
     ``nodes`` are the nodes' handles; ``holder()`` finds the sequencer.
     ``port`` is nginx's (None: a free one). ``role_ttl``, ``shards``,
     ``node_args`` and ``node_env`` pass through to every ``okq serve``;
-    ``compactor_args`` to ``okq-compactor``.
+    ``compactor_args`` to ``okq-compactor``. ``s3_via``, given SeaweedFS's
+    endpoint once it runs, returns the one the nodes and the compactor are to use
+    instead: a fault-injecting proxy in front of SeaweedFS, say.
     """
 
     def __init__(
@@ -184,6 +193,7 @@ class LocalFleet:
         compactor_args: Sequence[str] = (),
         start_timeout: float = 60.0,
         stop_timeout: float = 15.0,
+        s3_via: Callable[[str], str] | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("a fleet needs at least one node")
@@ -202,6 +212,8 @@ class LocalFleet:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.store = f"s3://{BUCKET}/{PREFIX}"
+        self.s3_via = s3_via
+        self.store_endpoint = ""  # where the nodes and the compactor send S3 requests
         self.seaweed: SeaweedServer | None = None
         self.nodes: list[FleetNode] = []
         self.compactor: Process | None = None
@@ -239,6 +251,15 @@ class LocalFleet:
     def _start_seaweed(self) -> None:
         self.seaweed = SeaweedServer(BUCKET, self.start_timeout, root=self.workdir / "seaweedfs")
         self.seaweed.start()
+        endpoint = self.seaweed.endpoint
+        self.store_endpoint = self.s3_via(endpoint) if self.s3_via is not None else endpoint
+
+    def restart_seaweed(self) -> None:
+        """Stop SeaweedFS and start it again on the same ports and data: the nodes
+        and the compactor see their S3 server go away and come back."""
+        if self.seaweed is None:
+            raise RuntimeError("the fleet is not started")
+        self.seaweed.restart()
 
     def _start_nodes(self) -> None:
         env = client_environment({**self.node_env, "OKQ_SIGNING_KEYS": self._signing_key()})
@@ -253,7 +274,7 @@ class LocalFleet:
 
     def _node_argv(self, port: int) -> list[str]:
         argv = [sys.executable, "-m", "okq.cli", "serve", "--store", self.store,
-                "--endpoint-url", self.s3_endpoint, "--host", HOST, "--port", str(port),
+                "--endpoint-url", self.store_endpoint, "--host", HOST, "--port", str(port),
                 "--log-level", self.log_level]
         if self.sequencer:
             argv += ["--sequencer", "--advertise-url", f"http://{HOST}:{port}",
@@ -271,13 +292,14 @@ class LocalFleet:
             path.write_text(secrets.token_hex(32) + "\n")
         return path.read_text().strip()
 
-    def _start_compactor(self) -> None:
+    def _start_compactor(self, extra_env: Mapping[str, str] | None = None) -> None:
         port = free_port()
         argv = [*_compactor_command(), "--store", self.store, "--endpoint-url",
-                self.s3_endpoint, "--metrics-port", str(port), "--metrics-host", HOST,
+                self.store_endpoint, "--metrics-port", str(port), "--metrics-host", HOST,
                 "--log-level", self.log_level.lower(), *self.compactor_args]
+        env = client_environment({**self.node_env, **(extra_env or {})})
         self.compactor = Process("compactor", argv, self.workdir / "logs" / "compactor.log",
-                                 env=client_environment(self.node_env))
+                                 env=env)
         self.compactor.start()
         self.compactor_metrics_url = f"http://{HOST}:{port}/metrics"
         deadline = time.monotonic() + self.start_timeout
@@ -286,6 +308,13 @@ class LocalFleet:
                 raise FleetError(f"the compactor did not serve {self.compactor_metrics_url}:\n"
                                  f"{self.compactor.tail()}")
             time.sleep(0.05)
+
+    def restart_compactor(self, extra_env: Mapping[str, str] | None = None) -> None:
+        """Stop the compactor if it runs (SIGTERM) and start it again, with ``extra_env``
+        on top of the fleet's environment (as :meth:`FleetNode.set_extra_env`)."""
+        if self.compactor is not None:
+            self.compactor.stop(self.stop_timeout)
+        self._start_compactor(extra_env)
 
     def _start_nginx(self) -> None:
         port = self.nginx_port or free_port()
