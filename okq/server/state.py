@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from okq.auth import KeyRing
+from okq.auth import KeyRing, Principal
 from okq.engine import Engine
 from okq.routing import RoutedService
 from okq.sequencer import Sequencer
@@ -34,8 +34,8 @@ METRICS = web.AppKey("metrics", Metrics)
 STORE = web.AppKey("store", CountingStore)
 KEYRING = web.AppKey("keyring", KeyRing)
 #: What the middleware puts in each /v1 request: who asks, and in which namespace.
-PRINCIPAL = "okq.principal"
-NAMESPACE = "okq.namespace"
+PRINCIPAL = web.RequestKey("principal", Principal)
+NAMESPACE = web.RequestKey("namespace", str)
 TENANTS = web.AppKey("tenants", Tenants)
 SEQUENCER: web.AppKey[Sequencer | None] = web.AppKey("sequencer")
 FLEET_KEYS = web.AppKey("fleet_keys", list)
