@@ -309,7 +309,7 @@ def encode_manifest(m: Manifest) -> bytes:
             "gc_floor": m.gc_floor_ms,
             "ver": m.ver,
             "nonce": m.nonce,
-            **({"purge": [m.purge_rq, m.purged]} if m.purge_rq else {}),
+            **({"purge": [m.purge_rq, m.purged]} if m.purge_rq or m.purged else {}),
         },
     )
 
@@ -412,11 +412,19 @@ _LEASE_HEAD = b"\x87" + _packb("f") + _packb("lease") + _packb("v") + _packb(FOR
     + _packb("segment")
 
 
+def _index(raw: Any) -> int:
+    """An item index as a lease object keeps it: an integer, 0 or more."""
+    index = int(raw)
+    if index < 0:
+        raise ValueError(f"negative item index {index}")
+    return index
+
+
 def decode_lease(data: bytes) -> LeaseObject:
     raw = _unpack("lease", data)
     try:
-        items = {int(i): ItemState.unpack(st) for i, st in raw["items"].items()}
+        items = {_index(i): ItemState.unpack(st) for i, st in raw["items"].items()}
         return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"],
                            bool(raw.get("sealed", False)))
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
         raise FormatError(f"malformed lease object: {exc}", data=data) from exc

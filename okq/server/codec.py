@@ -52,7 +52,7 @@ def decode(data: bytes, kind: str) -> Any:
         if kind == "msgpack":
             return msgpack.unpackb(data, raw=False, timestamp=3)
         return json.loads(data)
-    except (ValueError, RecursionError, msgpack.ExtraData, msgpack.FormatError,
+    except (ValueError, OverflowError, RecursionError, msgpack.ExtraData, msgpack.FormatError,
             msgpack.StackError) as exc:
         if isinstance(exc, RecursionError | msgpack.StackError):
             reason = "nested too deeply"

@@ -131,7 +131,8 @@ def _names_list(params: dict[str, Any], name: str) -> list[str]:
 
 def _page(names: list[str], params: dict[str, Any]) -> tuple[list[str], str | None]:
     """A page of sorted ``names`` after ``NextToken``, ``MaxResults`` long."""
-    limit = _int(params, "MaxResults", 1, 1000, 0) if "MaxResults" in params else None
+    limit = _int(params, "MaxResults", 1, 1000) if params.get("MaxResults") is not None \
+        else None
     token = params.get("NextToken")
     if token:
         try:
@@ -232,6 +233,8 @@ class SqsApi:
 
     async def do_ListQueues(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         prefix = params.get("QueueNamePrefix") or ""
+        if not isinstance(prefix, str):
+            raise invalid_value("QueueNamePrefix", prefix, "it must be a string")
         with sqs_errors():
             names = sorted(n for n in await call.service.engine.list_queues()
                            if n.startswith(prefix))

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote_plus
 
 from okq.sqs.errors import SqsError
 
@@ -77,8 +77,9 @@ def verify(req: Signed, keys: Mapping[str, tuple[str, str]], *, unsigned_namespa
     if "host" not in signed:
         raise SqsError("IncompleteSignature", "the signature must cover the host header")
     canonical = _canonical_request(req, signed)
-    to_sign = "\n".join([ALGORITHM, amz_date, "/".join(scope),
-                         hashlib.sha256(canonical.encode()).hexdigest()])
+    # a header byte that is not UTF-8 reaches here as a lone surrogate: back to its byte
+    raw = canonical.encode("utf-8", "surrogateescape")
+    to_sign = "\n".join([ALGORITHM, amz_date, "/".join(scope), hashlib.sha256(raw).hexdigest()])
     expected = hmac.new(signing_key(secret, *scope[:3]), to_sign.encode(),
                         hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, m["sig"]):
@@ -157,7 +158,9 @@ def canonical_query(raw_query: str) -> str:
     pairs = []
     for pair in raw_query.split("&") if raw_query else []:
         key, _, value = pair.partition("=")
-        pairs.append((quote(unquote(key), safe="-_.~"), quote(unquote(value), safe="-_.~")))
+        # a form-encoded query writes a space as '+' (botocore signs it as %20)
+        pairs.append((quote(unquote_plus(key), safe="-_.~"),
+                      quote(unquote_plus(value), safe="-_.~")))
     return "&".join(f"{k}={v}" for k, v in sorted(pairs))
 
 

@@ -100,6 +100,8 @@ def install(app: web.Application, settings: Settings,
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
+    if request.match_info.get("namespace") in ("v1", "internal"):
+        raise web.HTTPNotFound()  # a mistyped okq path: okq's own 404, not an SQS error
     front = request.app[SQS]
     json_protocol = "X-Amz-Target" in request.headers
     request_id = str(uuid.uuid4())

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Iterable
 from typing import Any
-from xml.sax.saxutils import escape
+from xml.sax.saxutils import escape as _escape
 
 from okq.sqs.errors import SqsError
 
@@ -80,6 +80,8 @@ def _shape(tree: dict[str, Any], where: str) -> dict[str, Any]:
             for entry in _numbered(node, here):
                 if not isinstance(entry, dict) or k not in entry:
                     raise SqsError("MissingParameter", f"{here}.N.{k} is required")
+                if not isinstance(entry[k], str):
+                    raise SqsError("MalformedQueryString", f"{here}.N.{k} must be a value")
                 value = entry.get(v, "")
                 out[name][entry[k]] = _shape(value, here + ".") if isinstance(value, dict) \
                     else value
@@ -109,8 +111,10 @@ def from_json(body: bytes) -> dict[str, Any]:
         return {}
     try:
         params = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise SqsError("SerializationException", f"the body is not valid JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise SqsError("SerializationException", f"the body is not valid JSON: {reason}") \
+            from None
     if not isinstance(params, dict):
         raise SqsError("SerializationException", "the body must be a JSON object")
     return params
@@ -168,6 +172,15 @@ def _xml_member(action: str, key: str, value: Any) -> str:
         element, k, v = _XML_MAPS[key]
         return "".join(_xml_element(element, {k: name, v: val}) for name, val in value.items())
     return _xml_element(key, value)
+
+
+#: What XML 1.0 cannot carry at all, even escaped: shown as U+FFFD.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def escape(text: str) -> str:
+    """``text`` as XML character data: escaped, and what XML cannot hold replaced."""
+    return _escape(_NOT_XML.sub("\ufffd", text))
 
 
 def _xml_element(name: str, value: Any) -> str:
