@@ -51,26 +51,30 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield n
 
 
-def run_schemathesis(node: Node, workdir: Path, *select: str) -> tuple[int, str, int]:
-    """Run the CLI; returns (exit code, output, test cases generated)."""
+def run_schemathesis(node: Node, workdir: Path, *select: str, examples: int = EXAMPLES,
+                     key: str | None = None, budget: float = BUDGET) -> tuple[int, str, int]:
+    """Run the CLI (with ``key`` on every request, if given); returns (exit code,
+    output, test cases generated)."""
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     cmd = [
         sys.executable, "-m", "schemathesis.cli", "--no-color", "run",
         f"{node.url}/openapi.json", "--url", node.url,
+        *(["--header", f"Authorization: Bearer {key}"] if key else []),
         "--checks", "not_a_server_error",
-        "--max-examples", str(EXAMPLES), "--seed", str(SEED), "--workers", "4",
+        "--max-examples", str(examples), "--seed", str(SEED), "--workers", "4",
         "--request-timeout", "20", "--generation-database", "none",
         *select,
     ]
     began = time.monotonic()
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=BUDGET, check=False)
+                          timeout=budget, check=False)
     seconds = time.monotonic() - began
     output = proc.stdout + proc.stderr
     found = re.search(r"^\s*(\d+) generated", output, re.MULTILINE)
     cases = int(found.group(1)) if found else -1
     scope = " ".join(select) or "all operations"
+    scope += ", with a key" if key else ""
     print(f"\nschemathesis ({scope}): {cases} test cases in {seconds:.1f}s, "
           f"exit code {proc.returncode}")
     summary = output[output.find("SUMMARY"):] if "SUMMARY" in output else output[-3000:]

@@ -11,12 +11,8 @@ open run, to stay within a minute for both.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from okq.server.routes import ROUTES
-from tests.acceptance.test_schemathesis import QUEUES, SEED, assert_no_server_error
+from tests.acceptance.test_schemathesis import QUEUES, assert_no_server_error, run_schemathesis
 from tests.nodes import Node, okq_node
 
 OPERATOR = f"operator-{secrets.token_urlsafe(24)}"
@@ -57,29 +53,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 
 def run_with_key(node: Node, workdir: Path, key: str, examples: int) -> tuple[int, str, int]:
-    """Run the CLI with ``key`` on every request; (exit code, output, test cases)."""
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
-    cmd = [
-        sys.executable, "-m", "schemathesis.cli", "--no-color", "run",
-        f"{node.url}/openapi.json", "--url", node.url,
-        "--header", f"Authorization: Bearer {key}",
-        "--checks", "not_a_server_error",
-        "--max-examples", str(examples), "--seed", str(SEED), "--workers", "4",
-        "--request-timeout", "20", "--generation-database", "none",
-    ]
-    began = time.monotonic()
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=BUDGET, check=False)
-    seconds = time.monotonic() - began
-    output = proc.stdout + proc.stderr
-    found = re.search(r"^\s*(\d+) generated", output, re.MULTILINE)
-    cases = int(found.group(1)) if found else -1
-    print(f"\nschemathesis with a key: {cases} test cases in {seconds:.1f}s, "
-          f"exit code {proc.returncode}")
-    print(output[output.find("SUMMARY"):] if "SUMMARY" in output else output[-3000:])
-    assert cases > 0, f"cannot find the test case count in the output:\n{output[-3000:]}"
-    return proc.returncode, output, cases
+    """The same CLI run as the open one, with ``key`` on every request."""
+    return run_schemathesis(node, workdir, examples=examples, key=key, budget=BUDGET)
 
 
 def _statuses(node: Node) -> dict[str, int]:
