@@ -37,6 +37,7 @@ from okq.server.state import (
     PRINCIPAL,
     SEQUENCER,
     SERVICE,
+    SETTINGS,
     STORE,
     TENANTS,
 )
@@ -246,7 +247,8 @@ async def stats(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueRequest)
     st = await (await service_for(request, (body.queue_name, "queue_name"))).stats(
         body.queue_name)
-    request.app[METRICS].queue_stats[body.queue_name] = st
+    if request[NAMESPACE] == request.app[SETTINGS].namespace:  # the gauges name no namespace
+        request.app[METRICS].queue_stats[body.queue_name] = st
     return respond(request, s.StatsResponse(
         queue_name=st.queue, available=st.available, in_flight=st.in_flight,
         scheduled=st.scheduled, waiting_retry=st.waiting_retry, dead=st.dead,
