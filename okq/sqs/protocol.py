@@ -117,6 +117,11 @@ def from_json(body: bytes) -> dict[str, Any]:
             from None
     if not isinstance(params, dict):
         raise SqsError("SerializationException", "the body must be a JSON object")
+    try:  # a \\udXXX escape alone is no character: it could not be kept or answered
+        json.dumps(params, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise SqsError("SerializationException", "the body's text must be valid Unicode "
+                       "(a lone surrogate escape is not)") from None
     return params
 
 

@@ -170,6 +170,18 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 JSON_PROTOCOL = {"Content-Type": "application/x-amz-json-1.0"}
 
 
+def test_a_tag_with_a_lone_surrogate_escape_is_a_400_not_a_500(node: Any) -> None:
+    """Found by the long run: the tag was kept in the queue's manifest, whose
+    encoding then failed (a 500)."""
+    fuzzed, catcher = node
+    fuzzed.post("/", b'{"QueueName": "q"}', {**JSON_PROTOCOL,
+                                              "X-Amz-Target": "AmazonSQS.CreateQueue"})
+    catcher.take()
+    body = b'{"QueueUrl": "http://127.0.0.1/default/q", "Tags": {"k\\udd92": "v"}}'
+    answer = fuzzed.post("/", body, {**JSON_PROTOCOL, "X-Amz-Target": "AmazonSQS.TagQueue"})
+    assert sqs_answer(answer, True, catcher.take()) == "400 SerializationException"
+
+
 def test_an_sqs_query_error_naming_a_control_character_is_well_formed_xml(node: Any) -> None:
     """XML 1.0 has no U+0001 to U+0008, U+000B, U+000C, U+000E to U+001F, not even as
     character references: a reply that echoes them is not XML (the query protocol's
