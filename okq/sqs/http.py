@@ -31,9 +31,11 @@ from okq.sqs.queues import Names
 log = logging.getLogger("okq.sqs")
 
 _TARGET_PREFIX = "AmazonSQS."
-#: Paths of the SQS API: the service endpoint and queue URLs (registered after okq's
-#: own routes, which win: no namespace is called "v1" or "internal" there).
-PATHS = ("/", "/{namespace}/{queue}")
+#: Paths of the SQS API: the service endpoint and queue URLs. A first segment that
+#: reads like one of okq's own (``v1``, ``v2``, ..., ``internal``) is never a queue
+#: URL's namespace: okq answers it (404, 405) as it answers any path of its API. A
+#: queue of such a namespace is reached with QueueUrl in the body, posted to ``/``.
+PATHS = ("/", r"/{namespace:(?!(?:v[0-9]+|internal)/)[^/]+}/{queue}")
 
 
 class SqsFrontEnd:
@@ -100,8 +102,6 @@ def install(app: web.Application, settings: Settings,
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
-    if request.match_info.get("namespace") in ("v1", "internal"):
-        raise web.HTTPNotFound()  # a mistyped okq path: okq's own 404, not an SQS error
     front = request.app[SQS]
     json_protocol = "X-Amz-Target" in request.headers
     request_id = str(uuid.uuid4())

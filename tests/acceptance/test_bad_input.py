@@ -44,6 +44,7 @@ C, RT, S, PU = "/v1/queue.complete", "/v1/queue.retry", "/v1/queue.stats", "/v1/
 QC, QL, QI = "/v1/queues.create", "/v1/queues.list", "/v1/queues.info"
 QU, QD = "/v1/queues.update", "/v1/queues.delete"
 IL, DR = "/v1/items.list", "/v1/dead.redrive"
+KC, KL, KD = "/v1/keys.create", "/v1/keys.list", "/v1/keys.delete"
 
 
 # -- HTTP ----------------------------------------------------------------------------------
@@ -355,6 +356,10 @@ CASES = [
               "items"),
     invalid("items-list-limit-over-max", IL, j({"queue_name": "q", "limit": 1001}), "limit"),
     invalid("redrive-limit-zero", DR, j({"queue_name": "q", "limit": 0}), "limit"),
+    invalid("key-role-unknown", KC, j({"role": "superuser"}), "role"),
+    invalid("key-prefix-bad", KC, j({"role": "producer", "prefixes": ["a b"]}), "prefixes[0]"),
+    invalid("keys-list-unknown-field", KL, j({"namespace": "x"}), "namespace"),
+    invalid("key-delete-bad-id", KD, j({"id": "not-a-key-id"}), "id"),
     # -- unknown queue ---------------------------------------------------------------------
     no_queue("produce-unknown-queue", P, {"queue_name": "nope", "items": [{"utf8": "x"}]}),
     no_queue("lease-unknown-queue", L, {"queue_name": "nope"}),
