@@ -116,7 +116,7 @@ LABELS = {"postgres": "PostgreSQL", "redis": "Redis streams", "okq-file": "okq f
           "okq-seaweedfs": "okq SeaweedFS"}
 FULL = {"messages": 50_000, "mixed_seconds": 20.0}
 QUICK = {"messages": 4_000, "mixed_seconds": 3.0}
-#: S3 Standard request prices (us-east-1, /work/shared/BRIEF.md), dollars per request:
+#: S3 Standard request prices (us-east-1, from the project brief), dollars per request:
 #: PUT, COPY, POST, LIST $0.005 per 1,000; GET, HEAD $0.0004 per 1,000; DELETE free.
 PRICE = {"put": 0.005e-3, "copy": 0.005e-3, "post": 0.005e-3, "list": 0.005e-3,
          "get": 0.0004e-3, "head": 0.0004e-3, "delete": 0.0}
