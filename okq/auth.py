@@ -226,19 +226,21 @@ class KeyRing:
                 out.append(key)
         return sorted(out, key=lambda k: k.created_ms)
 
-    async def delete(self, key_id: str, namespace: str | None) -> bool:
-        """Delete a key of ``namespace`` (None: any); False if there was none."""
+    async def find(self, key_id: str, namespace: str | None) -> StoredKey | None:
+        """The key ``key_id`` of ``namespace`` (None: any), read fresh; None if there is
+        none (another namespace's key is not this caller's to see)."""
         if not re.fullmatch(r"[0-9a-f]{16}", key_id):
             raise InvalidRequest("id must be a key id (16 hex digits)", field="id")
         try:
             key = StoredKey.decode((await self.store.get(api_key_key(key_id))).data)
         except ObjectNotFound:
-            return False
-        if namespace is not None and key.namespace != namespace:
-            return False  # another namespace's key is not this admin's to see
-        await self.store.delete(api_key_key(key_id))
-        self._cache.pop(key_id, None)
-        return True
+            return None
+        return key if namespace is None or key.namespace == namespace else None
+
+    async def delete(self, key: StoredKey) -> None:
+        """Delete a key ``find`` returned."""
+        await self.store.delete(api_key_key(key.id))
+        self._cache.pop(key.id, None)
 
 
 def describe(key: StoredKey) -> dict[str, Any]:

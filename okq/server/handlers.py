@@ -364,13 +364,13 @@ async def keys_delete(request: web.Request) -> web.Response:
     body = await parse(request, s.KeyDelete)
     who = request[PRINCIPAL]
     ring = request.app[KEYRING]
-    keys = {k.id: k for k in await ring.list(request[NAMESPACE])}
-    key = keys.get(body.id)
+    key = await ring.find(body.id, request[NAMESPACE])  # one GET, not a listing of all
     if key is not None and not who.within(list(key.prefixes)):
         raise Forbidden("this key may not delete a key that acts on queues it does not",
                         field="id")
-    deleted = key is not None and await ring.delete(body.id, request[NAMESPACE])
-    return respond(request, s.KeyDeleteResponse(id=body.id, deleted=deleted))
+    if key is not None:
+        await ring.delete(key)
+    return respond(request, s.KeyDeleteResponse(id=body.id, deleted=key is not None))
 
 
 # -- operations ---------------------------------------------------------------------

@@ -180,7 +180,7 @@ class SqsApi:
         name = qa.check_queue_name(_str(params, "QueueName"))
         attributes = params.get("Attributes") or {}
         changes = qa.changes(attributes, call.names, creating=True)
-        tags = qa.tag_changes(_EMPTY, params.get("tags"), None) if params.get("tags") else {}
+        tags = qa.tag_changes({}, params.get("tags"), None) if params.get("tags") else {}
         await self._check_redrive(call, name, changes)
         kept = {k: v for k, v in {**changes.pop("attributes", {}), **tags}.items()
                 if v is not None}
@@ -313,8 +313,9 @@ class SqsApi:
             raise missing(member)
         info = await self.info(call, queue)
         add, remove = (params[member], None) if member == "Tags" else (None, params[member])
+        changes = qa.tag_changes(qa.tags(info), add, remove)
         with sqs_errors():
-            await call.service.update_queue(queue, attributes=qa.tag_changes(info, add, remove))
+            await call.service.update_queue(queue, attributes=changes)
         return {}
 
     async def do_ListQueueTags(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
@@ -591,9 +592,6 @@ class SqsApi:
             task.cancel()
         await asyncio.gather(*(t.task for t in self.moves.values() if t.task),
                              return_exceptions=True)
-
-
-_EMPTY = QueueInfo("", QueueConfig(), 0, 0, 0)
 
 
 def _entries(params: dict[str, Any], what: str) -> list[dict[str, Any]]:

@@ -117,7 +117,7 @@ def from_json(body: bytes) -> dict[str, Any]:
             from None
     if not isinstance(params, dict):
         raise SqsError("SerializationException", "the body must be a JSON object")
-    try:  # a \\udXXX escape alone is no character: it could not be kept or answered
+    try:  # a lone surrogate escape (\\ud800 to \\udfff) is no character: it cannot be kept
         json.dumps(params, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         raise SqsError("SerializationException", "the body's text must be valid Unicode "

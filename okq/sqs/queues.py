@@ -236,7 +236,7 @@ def tags(info: QueueInfo) -> dict[str, str]:
     return {k[len(TAG):]: v for k, v in info.config.attributes.items() if k.startswith(TAG)}
 
 
-def tag_changes(info: QueueInfo, add: Any, remove: Any) -> dict[str, str | None]:
+def tag_changes(existing: dict[str, str], add: Any, remove: Any) -> dict[str, str | None]:
     """``attributes`` changes that add tags (a map) or remove them (a list of keys)."""
     out: dict[str, str | None] = {}
     if add is not None:
@@ -248,7 +248,7 @@ def tag_changes(info: QueueInfo, add: Any, remove: Any) -> dict[str, str | None]
                 raise SqsError("InvalidParameterValue",
                                "Tag keys are 1 to 128 characters, values up to 256")
             out[TAG + key] = value
-        if len(set(tags(info)) | {k[len(TAG):] for k in out}) > MAX_TAGS:
+        if len(set(existing) | {k[len(TAG):] for k in out}) > MAX_TAGS:
             raise SqsError("InvalidParameterValue", f"A queue has at most {MAX_TAGS} tags")
     if remove is not None:
         if not isinstance(remove, list) or not all(isinstance(k, str) for k in remove):
