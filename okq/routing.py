@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -46,10 +47,13 @@ def _items_in(raw: list[list[Any]]) -> list[NewItem]:
     return [NewItem(bytes(p), at, key, meta) for p, at, key, meta in raw]
 
 
+#: Every field of a leased item, in order: a forwarded lease carries them all.
+_LEASED_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(LeasedItem)))
+
+
 def _leased_out(items: Sequence[LeasedItem]) -> list[list[Any]]:
     """Leased items as plain lists (``dataclasses.asdict`` deep-copies: slow)."""
-    return [[i.id, i.queue, i.token, i.attempts, i.lease_deadline_ms, i.payload,
-             i.produced_ms, i.enqueue_at_ms, i.meta] for i in items]
+    return [list(_LEASED_FIELDS(i)) for i in items]
 
 
 def _leased_in(raw: list[list[Any]]) -> list[LeasedItem]:
@@ -93,22 +97,22 @@ class RoutedService(QueueService):
         message: dict[str, Any] | None = None
         for _ in range(ROUTE_TRIES):
             try:
-                url = await seq.route(queue)
+                holder = await seq.route(queue)
             except StorageError as exc:
                 log.info("sequencer role unreadable (%s): writing directly", exc)
                 break
-            if url is None:
+            if holder is None:
                 return await local()
             if message is None:
                 if check is not None:
                     check()
                 message = args()
             try:
-                return await seq.forward(url, op, queue, message, timeout)
+                return await seq.forward(holder, op, queue, message, timeout)
             except Unreachable as exc:
                 if not exc.refused:
                     break  # maybe alive but out of reach: write directly, claim nothing
-                seq.holder_unreachable(queue, url)
+                seq.holder_unreachable(queue, holder, f"is gone ({exc})")
         seq.count("direct")
         return await local()
 

@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import hashlib
 import hmac
 import logging
+import math
 import random
 import secrets
 import time
@@ -73,9 +75,11 @@ from okq.store.base import Store
 log = logging.getLogger("okq.sequencer")
 
 FORWARD_PATH = "/internal/v1/forward"
+PING_PATH = "/internal/v1/ping"
 #: The forward message's format; a node answers another version with a refusal
-#: that makes the sender write directly (mixed versions during an upgrade).
-FORWARD_VERSION = 1
+#: that makes the sender write directly (mixed versions during an upgrade). Version 2
+#: names the namespace, the node it is meant for and a per-sender sequence number.
+FORWARD_VERSION = 2
 SIGNATURE_HEADER = "X-Okq-Fleet-Signature"
 #: A signed forward older or newer than this (seconds, by the receiver's clock) is refused:
 #: twice the clock bound (two nodes' clocks may be 120 s apart, docs/DESIGN.md "Clocks")
@@ -85,8 +89,21 @@ SIGNATURE_WINDOW = 150.0
 #: Gap between the turns of successive claimants of a dead holder's role.
 CLAIM_TURN = 0.3
 #: Answers of a node that refused a forward before running it: another fleet key
-#: (401), no sequencer mode there (404), another forward version (409).
+#: or a replay (401), no sequencer mode there (404), another forward version (409).
 REFUSALS = (401, 404, 409)
+#: The answer of a node that is not the one the forward was meant for (another
+#: namespace's node, or a node restarted on the holder's address): the holder the
+#: sender knows is gone from that address.
+MISDIRECTED = 421
+#: A forward that has waited this long makes the sender ask the holder whether it
+#: still answers at all (``PING_PATH``, no store work), and again this often after.
+PROBE_AFTER = 1.0
+#: A holder that does not answer a ping in this long is hung (SIGSTOP, a frozen VM,
+#: a half-open connection): its role is claimed as a dead holder's would be.
+PROBE_TIMEOUT = 1.5
+#: Out-of-order forwards from one sender accepted behind the highest seen (a
+#: sequence number further behind, or seen already, is refused as a replay).
+REPLAY_WINDOW = 4096
 #: Seconds to connect to a holder before writing directly instead.
 CONNECT_TIMEOUT = 2.0
 #: A dead holder's id is remembered this long (its process is gone for good).
@@ -129,17 +146,33 @@ class _Shard:
     etag: str | None = None
     seen_at: float = 0.0  # monotonic time this version was first seen
     held: bool = False
+    renewed_at: float = 0.0  # monotonic time before this node's last write of it landed
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Unreachable(Exception):
     """No connection to the holder: nothing was sent. ``refused`` when its port
-    refused it (the process is gone), not when connecting timed out (a partition
-    or a busy host: it may be alive)."""
+    refused it or another node answers there (the holder's process is gone), not
+    when connecting timed out or failed otherwise (a partition, a name that does not
+    resolve, a TLS error, a busy host: it may be alive)."""
 
     def __init__(self, message: str, *, refused: bool) -> None:
         super().__init__(message)
         self.refused = refused
+
+
+class Misdirected(Exception):
+    """A forward meant for another node or namespace than the one it reached."""
+
+
+def port_refused(exc: aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError) -> bool:
+    """Whether a failed connection proves nothing listens there: the port refused it
+    (ECONNREFUSED). A name that does not resolve, an unreachable host or network, a
+    TLS failure or a timeout prove nothing of the process behind the address."""
+    if not isinstance(exc, aiohttp.ClientConnectorError) or isinstance(
+            exc, aiohttp.ClientConnectorDNSError | aiohttp.ClientSSLError):
+        return False
+    return exc.os_error.errno == errno.ECONNREFUSED
 
 
 # -- signing ----------------------------------------------------------------------
@@ -153,17 +186,57 @@ def sign(key: bytes, body: bytes, now: float | None = None) -> str:
 
 def verify(keys: list[bytes], body: bytes, header: str, now: float | None = None) -> None:
     """Unauthorized unless ``header`` signs ``body`` with one of ``keys``, lately."""
+    if not header.isascii():
+        raise Unauthorized("bad fleet signature")
     ts, _, mac = header.rpartition(".")
     try:
         when = float(ts)
     except ValueError:
         raise Unauthorized("fleet signature required") from None
-    if abs((now if now is not None else time.time()) - when) > SIGNATURE_WINDOW:
+    age = (now if now is not None else time.time()) - when
+    if not (math.isfinite(when) and abs(age) <= SIGNATURE_WINDOW):
         raise Unauthorized("fleet signature too old or from the future")
     msg = ts.encode() + b"\n" + body
     if not any(hmac.compare_digest(mac, hmac.new(k, msg, hashlib.sha256).hexdigest())
                for k in keys):
         raise Unauthorized("bad fleet signature")
+
+
+class ReplayGuard:
+    """Refuses a forward seen before: each sender numbers its forwards (its id is new
+    at every start), and the receiver keeps, per sender, the highest number seen and
+    a window of the ones just below it (as IPsec does). A signed forward is accepted
+    at most ``SIGNATURE_WINDOW`` from its signing by the receiver's clock, so a sender
+    is forgotten twice that long after it was last heard from: any forward of its
+    that could still be replayed is refused by its signature's age by then."""
+
+    def __init__(self, window: int = REPLAY_WINDOW) -> None:
+        self.window = window
+        self._senders: dict[str, tuple[int, int, float]] = {}  # id -> (top, seen bits, heard)
+        self._pruned = time.monotonic()
+
+    def check(self, sender: str, seq: int, now: float | None = None) -> None:
+        """Unauthorized when ``sender``'s forward number ``seq`` came before."""
+        now = time.monotonic() if now is None else now
+        if now - self._pruned > 10:
+            self._forget(now)
+        top, bits, _ = self._senders.get(sender, (-1, 0, now))
+        if seq > top:
+            shift = seq - top
+            bits = ((bits << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
+            top = seq
+        else:
+            behind = top - seq
+            if seq < 0 or behind >= self.window or bits >> behind & 1:
+                raise Unauthorized("replayed fleet forward")
+            bits |= 1 << behind
+        self._senders[sender] = (top, bits, now)
+
+    def _forget(self, now: float) -> None:
+        self._pruned = now
+        for sender, (_, _, heard) in list(self._senders.items()):
+            if now - heard > 2 * SIGNATURE_WINDOW + 10:
+                del self._senders[sender]
 
 
 class Sequencer:
@@ -180,13 +253,16 @@ class Sequencer:
         self.url = url or ""
         self.id = node_id or secrets.token_hex(6)
         self._shards = [_Shard() for _ in range(shards)]
-        self._dead: dict[str, float] = {}  # holder id -> when its port refused us
+        self._dead: dict[str, float] = {}  # holder id -> when it was found dead or hung
         self._members: dict[str, tuple[str, float]] = {}  # id -> (url, last heard)
         self._session: aiohttp.ClientSession | None = None
         self._renewer: asyncio.Task[None] | None = None
         self.on_gain: list[Callable[[int], None]] = []
         self.forwards: dict[str, int] = {}  # outcome -> count, for metrics
         self.claims = 0
+        self.sent = 0  # forwards numbered so far (ReplayGuard)
+        self.guard = ReplayGuard()
+        self._probes: dict[str, tuple[float, asyncio.Future[bool]]] = {}  # url -> last ping
         self.stopping = False
 
     # -- life -------------------------------------------------------------------------
@@ -212,10 +288,33 @@ class Sequencer:
             await self._session.close()
 
     def held(self) -> list[int]:
-        return [n for n, sh in enumerate(self._shards) if sh.held]
+        return [n for n, sh in enumerate(self._shards) if self._fresh(sh)]
 
     def holds(self, queue: str) -> bool:
-        return self._shards[shard_of(queue, self.shards)].held
+        """Whether this node holds the queue's role and renewed it within ``role_ttl``:
+        a holder that cannot renew (cut off from the store) neither trusts its caches
+        nor vouches for its role to the nodes that forward to it."""
+        return self._fresh(self._shards[shard_of(queue, self.shards)])
+
+    def vouch(self, queue: str) -> float:
+        """Seconds the others may take this node's role of ``queue`` as live without
+        reading it: what is left of its ``role_ttl`` since the last renewal landed."""
+        sh = self._shards[shard_of(queue, self.shards)]
+        return max(0.0, self.ttl - (time.monotonic() - sh.renewed_at)) if sh.held else 0.0
+
+    def _fresh(self, sh: _Shard) -> bool:
+        return sh.held and time.monotonic() - sh.renewed_at < self.ttl
+
+    def accept(self, call: dict[str, Any]) -> None:
+        """Check a forward's envelope (its signature already verified): Misdirected
+        when it was meant for another namespace or node, Unauthorized when replayed."""
+        if call.get("ns") != self.ns or call.get("to") != self.id:
+            raise Misdirected(f"meant for node {call.get('to')!r} of namespace "
+                              f"{call.get('ns')!r}; this is {self.id!r} of {self.ns!r}")
+        seq = call.get("seq")
+        if not isinstance(seq, int):
+            raise Unauthorized("fleet forward without a sequence number")
+        self.guard.check(str(call.get("from", "")), seq)
 
     def heard_from(self, node: str, url: str) -> None:
         """A forward came from ``node``: it is a member for the next renewals."""
@@ -223,19 +322,19 @@ class Sequencer:
             self._members[node] = (url, time.monotonic())
 
     # -- routing ----------------------------------------------------------------------
-    async def route(self, queue: str) -> str | None:
-        """Where the queue's changes go: None for here, else the holder's URL."""
+    async def route(self, queue: str) -> RoleRecord | None:
+        """Where the queue's changes go: None for here, else its holder's role."""
         n = shard_of(queue, self.shards)
         sh = self._shards[n]
         if sh.held:
             return None
         if self._live(sh):
             assert sh.record is not None
-            return sh.record.url
+            return sh.record
         await self._resolve(n)
         if sh.held or sh.record is None:
             return None
-        return sh.record.url
+        return sh.record
 
     def _live(self, sh: _Shard) -> bool:
         """Whether the shard has a holder known to be alive: not dead, not lapsed."""
@@ -245,20 +344,21 @@ class Sequencer:
     def _lapsed(self, sh: _Shard) -> bool:
         return sh.record is not None and time.monotonic() - sh.seen_at > self.ttl
 
-    def holder_unreachable(self, queue: str, url: str) -> None:
-        """A forward to ``url`` found nobody listening: its holder is gone."""
+    def holder_unreachable(self, queue: str, holder: RoleRecord, why: str) -> None:
+        """A forward to ``holder`` found it gone (``why``): claim its role."""
         sh = self._shards[shard_of(queue, self.shards)]
-        if sh.record is not None and sh.record.url == url:
-            self._dead[sh.record.holder] = time.monotonic()
-            log.warning("sequencer %s at %s refuses connections: claiming its role",
-                        sh.record.holder, url)
+        if sh.record is not None and sh.record.holder == holder.holder:
+            self._dead[holder.holder] = time.monotonic()
+            log.warning("sequencer %s at %s %s: claiming its role", holder.holder, holder.url,
+                        why)
 
-    def _alive(self, queue: str, url: str) -> None:
-        """The holder at ``url`` answered that it holds the role: as good as seeing
-        it renewed, so a node with traffic never re-reads a live holder's role."""
+    def _alive(self, queue: str, holder: RoleRecord, vouched: float) -> None:
+        """The holder answered that its role is good for ``vouched`` more seconds: as
+        good as seeing it renewed, so a node with traffic never re-reads a live
+        holder's role; a holder that cannot renew vouches for less and less."""
         sh = self._shards[shard_of(queue, self.shards)]
-        if sh.record is not None and sh.record.url == url:
-            sh.seen_at = time.monotonic()
+        if sh.record is not None and sh.record.holder == holder.holder:
+            sh.seen_at = max(sh.seen_at, time.monotonic() - self.ttl + vouched)
 
     def stale_view(self, queue: str) -> None:
         """The node we forwarded to says it does not hold the role: read it again."""
@@ -282,12 +382,10 @@ class Sequencer:
         rec, etag = await self._read(n, sh)
         if rec is None:
             return await self._claim(n, sh, None, None)
-        if rec.holder == self.id:  # ours after all (a write we could not confirm)
-            if not sh.held:
-                sh.held = True
-                for fn in self.on_gain:
-                    fn(n)
-            return True
+        if rec.holder == self.id:  # ours after all: a renewal proves it and dates it
+            return await self._take_back(n, sh, rec, etag)
+        if self.url and rec.url == self.url:  # its holder was on this address before us
+            self._dead[rec.holder] = time.monotonic()
         dead = rec.holder in self._dead
         if not dead and not self._lapsed(sh):
             return True  # a live holder: forward to it
@@ -296,6 +394,17 @@ class Sequencer:
         if etag2 != etag:
             return False  # someone claimed or renewed meanwhile: look again
         return await self._claim(n, sh, rec, etag)
+
+    async def _take_back(self, n: int, sh: _Shard, rec: RoleRecord, etag: str | None) -> bool:
+        was = sh.held
+        fresh = dataclasses.replace(rec, members=self._live_members(),
+                                    nonce=secrets.token_hex(8))
+        if not await self._write(n, sh, fresh, etag):
+            return False
+        if not was:
+            for fn in self.on_gain:
+                fn(n)
+        return True
 
     def _turn(self, rec: RoleRecord) -> int:
         """This node's place among the claimants of a dead holder's role."""
@@ -310,14 +419,16 @@ class Sequencer:
         except ObjectNotFound:
             sh.record, sh.etag = None, None
             return None, None
-        if blob.etag != sh.etag:
-            sh.seen_at = time.monotonic()
         try:
             rec = RoleRecord.decode(blob.data)
         except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
             log.warning("sequencer role %d unreadable (%s): claiming it", n, exc)
             rec = RoleRecord(holder="", url="", epoch=0)
             self._dead[""] = time.monotonic()
+        if blob.etag != sh.etag:
+            sh.seen_at = time.monotonic()
+            if sh.record is not None and sh.record.holder == rec.holder:
+                self._dead.pop(rec.holder, None)  # it renewed: it was hung, not dead
         sh.record, sh.etag = rec, blob.etag
         return rec, blob.etag
 
@@ -338,6 +449,7 @@ class Sequencer:
     async def _write(self, n: int, sh: _Shard, rec: RoleRecord, etag: str | None) -> bool:
         """Write the role object over version ``etag`` (absent: None); True when ours."""
         key, data = role_key(self.ns, n), rec.encode()
+        began = time.monotonic()
         try:
             if etag is None:
                 new = await self.store.put(key, data, if_none_match=True)
@@ -349,8 +461,11 @@ class Sequencer:
             current, _ = await self._read(n, sh)
             ok = current is not None and current.nonce == rec.nonce
             sh.held = ok
+            if ok:
+                sh.renewed_at = began
             return ok
         sh.record, sh.etag, sh.seen_at, sh.held = rec, new, time.monotonic(), True
+        sh.renewed_at = began
         return True
 
     def _live_members(self) -> dict[str, str]:
@@ -367,13 +482,16 @@ class Sequencer:
         return members
 
     async def _renew_loop(self) -> None:
+        pause = self.ttl / 3
         while not self.stopping:
-            await asyncio.sleep(self.ttl / 3 * random.uniform(0.9, 1.0))
-            for n, sh in enumerate(self._shards):
-                if sh.held:
-                    await self._renew(n, sh)
+            await asyncio.sleep(pause * random.uniform(0.9, 1.0))
+            renewed = [await self._renew(n, sh) for n, sh in enumerate(self._shards) if sh.held]
+            pause = self.ttl / 3 if all(renewed) else min(1.0, self.ttl / 3)
 
-    async def _renew(self, n: int, sh: _Shard) -> None:
+    async def _renew(self, n: int, sh: _Shard) -> bool:
+        """Renew a held role; False when the store could not be reached (try again
+        soon). A holder that has not renewed for ``role_ttl`` steps down: the others
+        may claim it by then, and nothing it cached can be trusted."""
         old = sh.record
         assert old is not None
         rec = dataclasses.replace(old, members=self._live_members(), nonce=secrets.token_hex(8))
@@ -381,45 +499,42 @@ class Sequencer:
             ok = await self._write(n, sh, rec, sh.etag)
         except (StorageError, OSError) as exc:
             log.warning("could not renew sequencer role %d: %s", n, exc)
-            return  # try again next time; the role lapses only after role_ttl
+            if not self._fresh(sh):
+                log.warning("sequencer role %d unrenewed for %.0f s: stepping down", n, self.ttl)
+                sh.held = False
+            return False
         if not ok:
             log.warning("lost sequencer role %d: another node holds it", n)
             sh.held, sh.record = False, None
+        return True
 
     # -- forwarding ---------------------------------------------------------------------
-    async def forward(self, url: str, op: str, queue: str, args: dict[str, Any],
+    async def forward(self, holder: RoleRecord, op: str, queue: str, args: dict[str, Any],
                       timeout: float) -> Any:
-        """Run ``op`` on the node at ``url``; its result, or the okq error it raised.
+        """Run ``op`` on ``holder``; its result, or the okq error it raised.
 
-        Unreachable when nothing listens there (nothing was sent: safe to do it
-        elsewhere); OutcomeUnknown when the request was sent and no answer came.
+        Unreachable when nobody or another node answers at the holder's address
+        (nothing was run: safe to do it elsewhere); OutcomeUnknown when the request
+        was sent and no answer came, or the holder stopped answering pings meanwhile
+        (hung: its role is then claimed).
         """
-        assert self._session is not None, "sequencer not started"
-        body = msgpack.packb({"v": FORWARD_VERSION, "op": op, "q": queue, "a": args,
-                              "from": self.id, "url": self.url})
-        headers = {SIGNATURE_HEADER: sign(self.keys[0], body),
-                   "Content-Type": "application/msgpack"}
-        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)
+        post = asyncio.ensure_future(self._post(holder, op, queue, args, timeout))
         try:
-            async with self._session.post(url + FORWARD_PATH, data=body, headers=headers,
-                                          timeout=limits) as resp:
-                if resp.status in REFUSALS:  # refused before running: nothing was done
-                    self.count("refused")
-                    raise Unreachable(f"{url} refused the forward: HTTP {resp.status} "
-                                      f"{resp.reason}", refused=False)
-                reply = msgpack.unpackb(await resp.read())
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            self.count("unreachable")
-            refused = isinstance(exc, aiohttp.ClientConnectorError)
-            raise Unreachable(str(exc), refused=refused) from exc
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            self.count("unknown")
-            raise OutcomeUnknown(
-                f"the sequencer node went away while handling this {op}: its outcome is "
-                "unknown; retrying is safe (produce with idempotency keys)", queue=queue,
-            ) from exc
-        if reply.get("held", True):
-            self._alive(queue, url)
+            while not (await asyncio.wait({post}, timeout=PROBE_AFTER))[0]:
+                if not await self._answers(holder.url):
+                    post.cancel()
+                    self.count("hung")
+                    self.holder_unreachable(queue, holder, f"answers no ping in {PROBE_TIMEOUT} s")
+                    raise OutcomeUnknown(
+                        f"the sequencer node stopped answering while handling this {op}: its "
+                        "outcome is unknown; retrying is safe (produce with idempotency keys)",
+                        queue=queue)
+        finally:
+            if not post.done():
+                post.cancel()
+        reply = post.result()
+        if reply.get("held"):
+            self._alive(queue, holder, float(reply.get("for", 0.0)))
         else:
             self.stale_view(queue)
         if "err" in reply:
@@ -429,6 +544,57 @@ class Sequencer:
             raise cls(str(err.get("message")), **dict(err.get("details") or {}))
         self.count("ok")
         return reply.get("ok")
+
+    async def _post(self, holder: RoleRecord, op: str, queue: str, args: dict[str, Any],
+                    timeout: float) -> dict[str, Any]:
+        assert self._session is not None, "sequencer not started"
+        self.sent += 1
+        body = msgpack.packb({"v": FORWARD_VERSION, "ns": self.ns, "to": holder.holder,
+                              "seq": self.sent, "op": op, "q": queue, "a": args,
+                              "from": self.id, "url": self.url})
+        headers = {SIGNATURE_HEADER: sign(self.keys[0], body),
+                   "Content-Type": "application/msgpack"}
+        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)
+        try:
+            async with self._session.post(holder.url + FORWARD_PATH, data=body,
+                                          headers=headers, timeout=limits) as resp:
+                if resp.status in REFUSALS or resp.status == MISDIRECTED:
+                    self.count("refused")  # refused before running: nothing was done
+                    raise Unreachable(f"{holder.url} refused the forward: HTTP {resp.status} "
+                                      f"{resp.reason}", refused=resp.status == MISDIRECTED)
+                reply = msgpack.unpackb(await resp.read())
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            self.count("unreachable")
+            raise Unreachable(str(exc), refused=port_refused(exc)) from exc
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            self.count("unknown")
+            raise OutcomeUnknown(
+                f"the sequencer node went away while handling this {op}: its outcome is "
+                "unknown; retrying is safe (produce with idempotency keys)", queue=queue,
+            ) from exc
+        if not isinstance(reply, dict):
+            raise OutcomeUnknown(f"the sequencer node answered this {op} with no reply",
+                                 queue=queue)
+        return reply
+
+    async def _answers(self, url: str) -> bool:
+        """Whether the node at ``url`` answers a ping, one ping at a time per node."""
+        last = self._probes.get(url)
+        if last is None or (last[1].done() and time.monotonic() - last[0] >= PROBE_AFTER):
+            last = (time.monotonic(), asyncio.ensure_future(self._ping(url)))
+            self._probes[url] = last
+        return await asyncio.shield(last[1])
+
+    async def _ping(self, url: str) -> bool:
+        assert self._session is not None, "sequencer not started"
+        try:
+            async with self._session.get(url + PING_PATH,
+                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)):
+                return True  # any answer: its event loop runs
+        except TimeoutError:
+            return False
+        except aiohttp.ClientError:
+            return True  # gone or refusing: the forward itself finds that out
 
     def count(self, outcome: str) -> None:
         """One more forward with this outcome (``okq_sequencer_forwards``)."""

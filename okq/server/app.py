@@ -19,9 +19,9 @@ from typing import Any
 
 from aiohttp import web
 
-from okq.sequencer import FORWARD_PATH
+from okq.sequencer import FORWARD_PATH, PING_PATH
 from okq.server import openapi
-from okq.server.handlers import forward
+from okq.server.handlers import forward, ping
 from okq.server.middleware import errors_and_metrics
 from okq.server.routes import OPERATIONS, ROUTES
 from okq.server.state import METRICS, TENANTS, install
@@ -40,6 +40,7 @@ def create_app(settings: Settings, store: Store, *, clock: Any = None) -> web.Ap
         app.router.add_get(path, handler)
     app.router.add_get("/openapi.json", openapi.serve)
     app.router.add_post(FORWARD_PATH, forward)
+    app.router.add_get(PING_PATH, ping)
     if settings.sqs:  # last: okq's own routes win over SQS's /<namespace>/<queue>
         sqs_http.install(app, settings, app[TENANTS].service)
         app[METRICS].watch_sqs(app[sqs_http.SQS])

@@ -26,7 +26,7 @@ from okq.keys import manifests_prefix
 from okq.model import QueueConfig
 from okq.publisher import NewItem
 from okq.routing import RoutedService
-from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, verify
+from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
 from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
 from okq.server.middleware import public_details
 from okq.server.state import (
@@ -392,9 +392,12 @@ async def health(request: web.Request) -> web.Response:
 async def forward(request: web.Request) -> web.Response:
     """A state change another node of the fleet sent to this one (sequencer mode).
 
-    Signed with the fleet's signing key; msgpack both ways. The reply carries the
-    result (``ok``) or the okq error (``err``), and whether this node holds the
-    queue's role (``held``), so a sender with an old view looks again."""
+    Signed with the fleet's signing key; msgpack both ways. It must name this node
+    and its namespace (421 otherwise: the sender's holder is gone from this address)
+    and carry a sequence number its sender has not used (401 otherwise: a replay).
+    The reply carries the result (``ok``) or the okq error (``err``), whether this
+    node holds the queue's role (``held``) and for how many seconds it vouches for
+    it (``for``), so a sender with an old view looks again."""
     service, sequencer = request.app[SERVICE], request.app[SEQUENCER]
     body = await read_bytes(request)
     if not isinstance(service, RoutedService) or sequencer is None:
@@ -407,16 +410,26 @@ async def forward(request: web.Request) -> web.Response:
         raise InvalidRequest(f"malformed forward: {exc}", field="body") from None
     if call.get("v") != FORWARD_VERSION:
         raise web.HTTPConflict(reason=f"forward version {call.get('v')!r} unknown here")
+    try:
+        sequencer.accept(call)
+    except Misdirected as exc:
+        raise web.HTTPMisdirectedRequest(reason=str(exc)) from None
     sequencer.heard_from(str(call.get("from", "")), str(call.get("url", "")))
-    reply: dict[str, Any] = {"held": sequencer.holds(queue)}
+    reply: dict[str, Any] = {}
     try:
         reply["ok"] = await service.run_forwarded(op, queue, args,
                                                   lambda: _client_gone(request))
     except OkqError as exc:
         reply["err"] = {"code": exc.code, "message": exc.message,
                         "details": public_details(exc)}
+    reply["held"], reply["for"] = sequencer.holds(queue), sequencer.vouch(queue)
     return web.Response(body=msgpack.packb(reply, default=_plain),
                         content_type="application/msgpack")
+
+
+async def ping(request: web.Request) -> web.Response:
+    """Whether this node's event loop answers at all (sequencer mode): no store work."""
+    return web.Response(text="pong")
 
 
 def _plain(value: Any) -> Any:

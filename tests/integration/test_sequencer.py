@@ -7,6 +7,10 @@ when its holder dies, hangs or leaves, and idle long polls that cost the store
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
+import hashlib
+import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -15,15 +19,26 @@ import aiohttp
 import msgpack
 import pytest
 from aiohttp import web
+from aiohttp.client_reqrep import ConnectionKey
 
 from okq.client import Client
-from okq.errors import InvalidToken, LeaseLost, ObjectNotFound, QueueNotFound, Unauthorized
+from okq.errors import (
+    InvalidToken,
+    LeaseLost,
+    ObjectNotFound,
+    QueueNotFound,
+    StorageError,
+    Unauthorized,
+)
 from okq.routing import RoutedService
 from okq.sequencer import (
     FORWARD_PATH,
+    FORWARD_VERSION,
     SIGNATURE_HEADER,
+    ReplayGuard,
     RoleRecord,
     Sequencer,
+    port_refused,
     role_key,
     shard_of,
     sign,
@@ -33,6 +48,7 @@ from okq.server.app import create_app
 from okq.server.state import SEQUENCER, SERVICE, STORE, advertise
 from okq.settings import Settings
 from okq.store import CountingStore, MemoryStore, Store
+from okq.store.faulty import FaultyStore
 
 KEY = "sequencer-test-key-0123456789"
 
@@ -83,14 +99,17 @@ async def shared() -> Store:
 async def start_node(shared: Store) -> AsyncIterator[Start]:
     nodes: list[InProcNode] = []
 
-    async def start(**overrides: Any) -> InProcNode:
+    async def start(*, port: int = 0, store: Store | None = None,
+                    **overrides: Any) -> InProcNode:
+        """A node on ``port`` (any free one by default) over ``store`` (the shared one
+        by default: a wrapper of it gives one node faults of its own)."""
         fields = {"store": "memory://", "signing_keys": KEY, "sequencer": True,
                   "self_check": False, "linger": 0.002, **overrides}
         settings = Settings(**fields)
-        app = create_app(settings, shared)
+        app = create_app(settings, store or shared)
         runner = web.AppRunner(app, shutdown_timeout=1)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", port)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         advertise(app, "127.0.0.1", port)
@@ -305,3 +324,206 @@ def test_a_sequencer_lingers_longer_unless_told() -> None:
     assert Settings().engine_options().linger == 0.005
     assert Settings(sequencer=True).engine_options().linger == 0.01
     assert Settings(sequencer=True, linger=0.002).engine_options().linger == 0.002
+
+
+# -- forwards between tenants and replays (issue: safe between tenants) -----------------
+
+
+class Recorder:
+    """Keeps what a node sends to other nodes' forward endpoint, as an observer of
+    the fleet's network would see it: the body and its headers."""
+
+    def __init__(self, node: InProcNode) -> None:
+        self.sent: list[tuple[str, bytes, dict[str, str]]] = []
+        session = node.seq._session
+        assert session is not None
+        real = session.post
+
+        def post(url: str, *, data: bytes, headers: dict[str, str], **kw: Any) -> Any:
+            self.sent.append((url, data, dict(headers)))
+            return real(url, data=data, headers=headers, **kw)
+
+        session.post = post  # type: ignore[method-assign]
+
+
+async def test_a_forward_reaching_another_namespaces_node_is_refused(start_node: Start) -> None:
+    """The holder of namespace x dies, and a node of namespace y comes up on its
+    address (a reused pod IP) with the same fleet key: x's produce must not land in
+    y's queue of the same name; x's node claims the role and writes itself."""
+    x1 = await start_node(namespace="x")
+    x2 = await start_node(namespace="x")
+    async with Client(x1.url) as c1, Client(x2.url) as c2:
+        await c1.create_queue("jobs")
+        await c1.produce("jobs", [b"first"])  # x1 holds x's role
+        await c2.produce("jobs", [b"second"])  # forwarded to x1
+        assert x1.seq.held() == [0]
+        port = int(x1.url.rsplit(":", 1)[1])
+        await x1.crash()
+        y = await start_node(namespace="y", port=port)
+        assert y.url == x1.url
+        async with Client(y.url) as cy:
+            await cy.create_queue("jobs")
+            await c2.produce("jobs", [b"third"])
+            assert (await cy.stats("jobs")).available == 0, "x's item landed in y's queue"
+        assert x2.seq.held() == [0], "x2 found x1 gone from its address and took the role"
+        assert sorted(i.bytes for i in await c2.lease("jobs", 10)) == [
+            b"first", b"second", b"third"]
+
+
+async def test_a_captured_forward_cannot_be_replayed(start_node: Start) -> None:
+    """Replayed to the node it was meant for, a forward is refused (401); replayed to
+    any other node of the fleet, it is misdirected (421): nothing runs twice."""
+    a, b, c = await start_node(), await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])  # a holds the role
+        seen = Recorder(b)
+        await cb.produce("jobs", [b"y"])
+        await cb.purge("jobs")
+        await ca.produce("jobs", [b"after the purge"])
+        leased = await cb.lease("jobs", 1, lease_timeout=30)
+        assert [i.bytes for i in leased] == [b"after the purge"]
+        await cb.complete("jobs", [leased[0].token])
+        await ca.produce("jobs", [b"still here"])
+        forwards = [(u, d, h) for u, d, h in seen.sent if u.endswith(FORWARD_PATH)]
+        assert len(forwards) == 4  # produce, purge, lease, complete
+        async with aiohttp.ClientSession() as http:
+            for url, data, headers in forwards:
+                async with http.post(url, data=data, headers=headers) as resp:
+                    assert resp.status == 401, await resp.text()
+                async with http.post(c.url + FORWARD_PATH, data=data, headers=headers) as resp:
+                    assert resp.status == 421, await resp.text()
+        st = await ca.stats("jobs")
+        assert (st.available, st.in_flight, st.completed) == (1, 0, 1)
+        assert [i.bytes for i in await ca.lease("jobs", 10)] == [b"still here"]
+
+
+def test_the_replay_guard_accepts_each_number_once_in_any_order() -> None:
+    guard = ReplayGuard(window=8)
+    for seq in (1, 3, 2, 10, 5):
+        guard.check("n1", seq, now=0.0)
+    guard.check("n2", 1, now=0.0)  # another sender numbers its own
+    for seq in (1, 3, 10, 2, 0, -1):  # seen, or too far behind the highest (10)
+        with pytest.raises(Unauthorized, match="replayed"):
+            guard.check("n1", seq, now=1.0)
+    guard.check("n1", 4, now=1.0)  # unseen and within the window: late, not replayed
+
+
+def test_signatures_refuse_nan_times_and_foreign_characters() -> None:
+    key, body = b"fleet-key-0123456789", b"payload"
+    for ts in ("nan", "inf", "-inf", "NaN"):
+        mac = hmac.new(key, ts.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+        with pytest.raises(Unauthorized, match="too old"):
+            verify([key], body, f"{ts}.{mac}")
+    with pytest.raises(Unauthorized, match="bad fleet signature"):
+        verify([key], body, sign(key, body)[:-1] + "é")
+
+
+async def test_a_non_ascii_fleet_signature_is_a_401(start_node: Start) -> None:
+    a = await start_node()
+    body = msgpack.packb({"v": FORWARD_VERSION, "op": "purge", "q": "jobs", "a": {}})
+    host, port = a.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST " + FORWARD_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                 + f"{SIGNATURE_HEADER}: {time.time():.3f}.".encode() + b"\xc3\xa9\xff\r\n"
+                 + b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+                 + b"Connection: close\r\n\r\n" + body)
+    status = (await reader.readline()).split()[1]
+    writer.close()
+    assert status == b"401"
+
+
+# -- holders that are gone, cut off or hung --------------------------------------------
+
+
+async def test_a_node_restarted_on_the_holders_address_takes_the_role_at_once(
+        start_node: Start) -> None:
+    """The holder dies and comes back on the same address with a new id: neither it
+    nor the others forward to 'it' until the role lapses; the role moves at once."""
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])
+        await cb.produce("jobs", [b"y"])  # b knows a as the holder
+        port = int(a.url.rsplit(":", 1)[1])
+        await a.crash()
+        again = await start_node(port=port)
+        async with Client(again.url) as cagain:
+            began = time.monotonic()
+            await cagain.produce("jobs", [b"z"])
+            assert again.seq.held() == [0], "it claimed its old self's role"
+            assert again.seq.forwards.get("ok", 0) == 0, "it never forwarded to itself"
+            await cb.produce("jobs", [b"w"])
+            assert time.monotonic() - began < 3
+        assert b.seq.held() == []
+        assert sorted(i.bytes for i in await cb.lease("jobs", 10)) == [b"w", b"x", b"y", b"z"]
+
+
+async def test_a_holder_cut_off_from_the_store_is_replaced_within_the_ttl(
+        start_node: Start, shared: Store) -> None:
+    """The holder's store calls fail at once (revoked credentials, a refused route)
+    while the others reach the store: it stops vouching for its role when it can
+    no longer renew it, and another node holds the role within ``role_ttl``."""
+    cut = FaultyStore(shared)
+    a = await start_node(store=cut, role_ttl=3)
+    b = await start_node(role_ttl=3)
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])
+        await cb.produce("jobs", [b"y"])
+        cut.inject("*", "error", times=-1)
+        began = time.monotonic()
+        failures = 0
+        while time.monotonic() - began < 8:
+            try:
+                await cb.produce("jobs", [b"z"])
+                break
+            except StorageError:
+                failures += 1
+                await asyncio.sleep(0.2)
+        took = time.monotonic() - began
+        assert b.seq.held() == [0], f"b never took the role ({failures} failed produces)"
+        assert took < 3 + 2, f"writes resumed after {took:.1f} s"
+        assert a.seq.held() == [], "a stepped down"
+        assert sorted(i.bytes for i in await cb.lease("jobs", 10)) == [b"x", b"y", b"z"]
+
+
+async def test_forwarded_leases_keep_the_first_lease_time(start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])  # a holds the role
+    service = b.app[SERVICE]
+    (first,) = await service.lease("jobs", 1, lease_timeout=0.5)
+    assert first.first_leased_ms is not None
+    await asyncio.sleep(0.7)
+    (again,) = await service.lease("jobs", 1, lease_timeout=30)
+    assert again.attempts == 2 and again.first_leased_ms == first.first_leased_ms
+    assert b.seq.forwards["ok"] >= 2
+
+
+def test_only_a_refused_port_proves_a_holder_gone() -> None:
+    key = ConnectionKey("10.0.0.1", 7878, False, True, None, None, None)
+    refused = aiohttp.ClientConnectorError(key, OSError(errno.ECONNREFUSED, "refused"))
+    assert port_refused(refused)
+    for exc in (aiohttp.ClientConnectorError(key, OSError(errno.EHOSTUNREACH, "no route")),
+                aiohttp.ClientConnectorError(key, OSError(errno.ENETUNREACH, "no net")),
+                aiohttp.ClientConnectorDNSError(key, OSError(-2, "Name does not resolve")),
+                aiohttp.ClientConnectorSSLError(key, OSError(errno.ECONNREFUSED, "tls")),
+                aiohttp.ConnectionTimeoutError("connect timed out")):
+        assert not port_refused(exc), exc
+
+
+async def test_a_holder_behind_a_tls_error_keeps_its_role(start_node: Start) -> None:
+    """A forward that fails on TLS (here: https to a plain-HTTP port) proves nothing
+    of the holder: the sender writes directly and claims nothing."""
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])
+        record = a.seq._shards[0].record
+        assert record is not None
+        a.seq._shards[0].record = dataclasses.replace(record, url=a.url.replace("http", "https"))
+        await a.seq._renew(0, a.seq._shards[0])
+        await cb.produce("jobs", [b"y"])
+        assert b.seq.forwards.get("direct") == 1 and b.seq.held() == [] and a.seq.held() == [0]
