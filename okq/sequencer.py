@@ -254,6 +254,7 @@ class Sequencer:
         self.id = node_id or secrets.token_hex(6)
         self._shards = [_Shard() for _ in range(shards)]
         self._dead: dict[str, float] = {}  # holder id -> when it was found dead or hung
+        self._dead_seen: dict[str, str] = {}  # holder id -> its role's version read since
         self._members: dict[str, tuple[str, float]] = {}  # id -> (url, last heard)
         self._session: aiohttp.ClientSession | None = None
         self._renewer: asyncio.Task[None] | None = None
@@ -427,8 +428,10 @@ class Sequencer:
             self._dead[""] = time.monotonic()
         if blob.etag != sh.etag:
             sh.seen_at = time.monotonic()
-            if sh.record is not None and sh.record.holder == rec.holder:
-                self._dead.pop(rec.holder, None)  # it renewed: it was hung, not dead
+        if rec.holder in self._dead:
+            first = self._dead_seen.setdefault(rec.holder, blob.etag)
+            if first != blob.etag:  # renewed since it was found dead: hung, not dead
+                del self._dead[rec.holder], self._dead_seen[rec.holder]
         sh.record, sh.etag = rec, blob.etag
         return rec, blob.etag
 
@@ -476,6 +479,7 @@ class Sequencer:
         for node, when in list(self._dead.items()):
             if now - when > DEAD_MEMORY:
                 del self._dead[node]
+                self._dead_seen.pop(node, None)
         members = {node: url for node, (url, _) in self._members.items()
                    if node not in self._dead}
         members[self.id] = self.url

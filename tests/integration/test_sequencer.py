@@ -527,3 +527,21 @@ async def test_a_holder_behind_a_tls_error_keeps_its_role(start_node: Start) -> 
         await a.seq._renew(0, a.seq._shards[0])
         await cb.produce("jobs", [b"y"])
         assert b.seq.forwards.get("direct") == 1 and b.seq.held() == [] and a.seq.held() == [0]
+
+
+async def test_a_holder_found_hung_is_not_revived_by_a_renewal_from_before(
+        start_node: Start) -> None:
+    """A node that trusted the holder's answers never read its last renewals: when it
+    finds the holder hung, the role object it then reads is newer than the one it
+    knew, yet says nothing of the holder being alive since. It claims the role."""
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x"])
+        await cb.produce("jobs", [b"y"])  # b learns a's role, then trusts its answers
+        await a.seq._renew(0, a.seq._shards[0])  # a renews; b does not read it
+        record = b.seq._shards[0].record
+        assert record is not None and record.holder == a.seq.id
+        b.seq.holder_unreachable("jobs", record, "answers no ping (test)")
+        assert await b.seq.route("jobs") is None, "b forwarded to the hung holder again"
+        assert b.seq.held() == [0]
