@@ -147,6 +147,7 @@ class _Shard:
     seen_at: float = 0.0  # monotonic time this version was first seen
     held: bool = False
     renewed_at: float = 0.0  # monotonic time before this node's last write of it landed
+    vouched: str = ""  # the nonce of the version its holder last vouched for
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -297,11 +298,15 @@ class Sequencer:
         nor vouches for its role to the nodes that forward to it."""
         return self._fresh(self._shards[shard_of(queue, self.shards)])
 
-    def vouch(self, queue: str) -> float:
+    def vouch(self, queue: str) -> tuple[float, str]:
         """Seconds the others may take this node's role of ``queue`` as live without
-        reading it: what is left of its ``role_ttl`` since the last renewal landed."""
+        reading it (what is left of its ``role_ttl`` since the last renewal landed),
+        and the nonce of that renewal, so that a node reading the role object later
+        knows the version it vouched for from a newer one."""
         sh = self._shards[shard_of(queue, self.shards)]
-        return max(0.0, self.ttl - (time.monotonic() - sh.renewed_at)) if sh.held else 0.0
+        if not sh.held or sh.record is None:
+            return 0.0, ""
+        return max(0.0, self.ttl - (time.monotonic() - sh.renewed_at)), sh.record.nonce
 
     def _fresh(self, sh: _Shard) -> bool:
         return sh.held and time.monotonic() - sh.renewed_at < self.ttl
@@ -353,13 +358,15 @@ class Sequencer:
             log.warning("sequencer %s at %s %s: claiming its role", holder.holder, holder.url,
                         why)
 
-    def _alive(self, queue: str, holder: RoleRecord, vouched: float) -> None:
-        """The holder answered that its role is good for ``vouched`` more seconds: as
-        good as seeing it renewed, so a node with traffic never re-reads a live
-        holder's role; a holder that cannot renew vouches for less and less."""
+    def _alive(self, queue: str, holder: RoleRecord, vouched: float, nonce: str) -> None:
+        """The holder answered that its role's version ``nonce`` is good for ``vouched``
+        more seconds: as good as seeing it renewed, so a node with traffic never
+        re-reads a live holder's role; a holder that cannot renew vouches for less
+        and less."""
         sh = self._shards[shard_of(queue, self.shards)]
         if sh.record is not None and sh.record.holder == holder.holder:
             sh.seen_at = max(sh.seen_at, time.monotonic() - self.ttl + vouched)
+            sh.vouched = nonce
 
     def stale_view(self, queue: str) -> None:
         """The node we forwarded to says it does not hold the role: read it again."""
@@ -426,8 +433,8 @@ class Sequencer:
             log.warning("sequencer role %d unreadable (%s): claiming it", n, exc)
             rec = RoleRecord(holder="", url="", epoch=0)
             self._dead[""] = time.monotonic()
-        if blob.etag != sh.etag:
-            sh.seen_at = time.monotonic()
+        if blob.etag != sh.etag and rec.nonce != sh.vouched:
+            sh.seen_at = time.monotonic()  # a version this node has not heard of: new
         if rec.holder in self._dead:
             first = self._dead_seen.setdefault(rec.holder, blob.etag)
             if first != blob.etag:  # renewed since it was found dead: hung, not dead
@@ -538,7 +545,7 @@ class Sequencer:
                 post.cancel()
         reply = post.result()
         if reply.get("held"):
-            self._alive(queue, holder, float(reply.get("for", 0.0)))
+            self._alive(queue, holder, float(reply.get("for", 0.0)), str(reply.get("nonce")))
         else:
             self.stale_view(queue)
         if "err" in reply:

@@ -397,7 +397,8 @@ async def forward(request: web.Request) -> web.Response:
     and carry a sequence number its sender has not used (401 otherwise: a replay).
     The reply carries the result (``ok``) or the okq error (``err``), whether this
     node holds the queue's role (``held``) and for how many seconds it vouches for
-    it (``for``), so a sender with an old view looks again."""
+    it (``for``) and which renewal of it (``nonce``), so a sender with an old view
+    looks again."""
     service, sequencer = request.app[SERVICE], request.app[SEQUENCER]
     body = await read_bytes(request)
     if not isinstance(service, RoutedService) or sequencer is None:
@@ -422,7 +423,8 @@ async def forward(request: web.Request) -> web.Response:
     except OkqError as exc:
         reply["err"] = {"code": exc.code, "message": exc.message,
                         "details": public_details(exc)}
-    reply["held"], reply["for"] = sequencer.holds(queue), sequencer.vouch(queue)
+    reply["held"] = sequencer.holds(queue)
+    reply["for"], reply["nonce"] = sequencer.vouch(queue)
     return web.Response(body=msgpack.packb(reply, default=_plain),
                         content_type="application/msgpack")
 

@@ -471,6 +471,8 @@ async def test_a_holder_cut_off_from_the_store_is_replaced_within_the_ttl(
         await ca.create_queue("jobs")
         await ca.produce("jobs", [b"x"])
         await cb.produce("jobs", [b"y"])
+        await a.seq._renew(0, a.seq._shards[0])  # b never reads this version: a vouches
+        await cb.produce("jobs", [b"y2"])
         cut.inject("*", "error", times=-1)
         began = time.monotonic()
         failures = 0
@@ -485,7 +487,7 @@ async def test_a_holder_cut_off_from_the_store_is_replaced_within_the_ttl(
         assert b.seq.held() == [0], f"b never took the role ({failures} failed produces)"
         assert took < 3 + 2, f"writes resumed after {took:.1f} s"
         assert a.seq.held() == [], "a stepped down"
-        assert sorted(i.bytes for i in await cb.lease("jobs", 10)) == [b"x", b"y", b"z"]
+        assert sorted(i.bytes for i in await cb.lease("jobs", 10)) == [b"x", b"y", b"y2", b"z"]
 
 
 async def test_forwarded_leases_keep_the_first_lease_time(start_node: Start) -> None:
