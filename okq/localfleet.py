@@ -173,7 +173,10 @@ class LocalFleet:
     ``node_args`` and ``node_env`` pass through to every ``okq serve``;
     ``compactor_args`` to ``okq-compactor``. ``s3_via``, given SeaweedFS's
     endpoint once it runs, returns the one the nodes and the compactor are to use
-    instead: a fault-injecting proxy in front of SeaweedFS, say.
+    instead: a fault-injecting proxy in front of SeaweedFS, say. ``node_s3``, given
+    a node's index (1, 2, ...), returns that node's own S3 endpoint instead of it,
+    and ``advertise``, given a node's index and URL, the URL it tells the others
+    (in sequencer mode): a test's way to single out one node's traffic.
     """
 
     def __init__(
@@ -194,6 +197,8 @@ class LocalFleet:
         start_timeout: float = 60.0,
         stop_timeout: float = 15.0,
         s3_via: Callable[[str], str] | None = None,
+        node_s3: Callable[[int], str] | None = None,
+        advertise: Callable[[int, str], str] | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("a fleet needs at least one node")
@@ -213,6 +218,8 @@ class LocalFleet:
         self.stop_timeout = stop_timeout
         self.store = f"s3://{BUCKET}/{PREFIX}"
         self.s3_via = s3_via
+        self.node_s3 = node_s3
+        self.advertise = advertise
         self.store_endpoint = ""  # where the nodes and the compactor send S3 requests
         self.seaweed: SeaweedServer | None = None
         self.nodes: list[FleetNode] = []
@@ -266,18 +273,22 @@ class LocalFleet:
         for index in range(1, self.node_count + 1):
             port = free_port()
             log = self.workdir / "logs" / f"node-{index}.log"
-            node = FleetNode(index, port, self._node_argv(port), env, log, self.start_timeout)
+            node = FleetNode(index, port, self._node_argv(index, port), env, log,
+                             self.start_timeout)
             self.nodes.append(node)
             node.start()  # all start together; imports and self-checks overlap
         for node in self.nodes:
             node.wait_healthy()
 
-    def _node_argv(self, port: int) -> list[str]:
+    def _node_argv(self, index: int, port: int) -> list[str]:
+        endpoint = self.node_s3(index) if self.node_s3 is not None else self.store_endpoint
+        url = f"http://{HOST}:{port}"
         argv = [sys.executable, "-m", "okq.cli", "serve", "--store", self.store,
-                "--endpoint-url", self.store_endpoint, "--host", HOST, "--port", str(port),
+                "--endpoint-url", endpoint, "--host", HOST, "--port", str(port),
                 "--log-level", self.log_level]
         if self.sequencer:
-            argv += ["--sequencer", "--advertise-url", f"http://{HOST}:{port}",
+            advertised = self.advertise(index, url) if self.advertise is not None else url
+            argv += ["--sequencer", "--advertise-url", advertised,
                      "--sequencer-shards", str(self.shards)]
             if self.role_ttl is not None:
                 argv += ["--role-ttl", str(self.role_ttl)]

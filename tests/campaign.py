@@ -34,7 +34,22 @@ reads the history. Scenarios (``SCENARIOS``):
   where the design promises no lost item and no second completion, only lost
   availability or order;
 * ``s3-restart`` — SeaweedFS stopped and started again (same data, same port)
-  in the middle of the run.
+  in the middle of the run;
+* ``hang`` — the sequencer's holder SIGSTOPped for ``hang_seconds`` (60 s in the
+  long form) under load, then SIGCONT: how soon writes through nginx resume (the
+  nodes find the holder hung by a ping and claim its role) is in the notes;
+* ``cutoff`` — the holder cut off from the store (the proxy answers every S3
+  request of its own with a 500 at once, as for revoked credentials) while the
+  others reach it, for ``cutoff_seconds``: another node must hold the role within
+  ``ROLE_TTL`` (the notes say when it did);
+* ``replay`` — the forwards between the nodes, captured on their way (the nodes
+  advertise a tap, tests/forwardtap.py, for this fleet), posted again to the
+  node each was meant for and to another node within the signature window:
+  every one must be refused (``replays accepted``);
+* ``namespaces`` — the holder SIGKILLed and another namespace's node started on
+  its address with the same fleet key, a queue of the same name in it: nothing
+  of the load may land there (``misdelivered``); the load runs on the other two
+  nodes directly for this one, since nginx would send it there too.
 
 The report (markdown and JSON) gives per scenario the operations, the faults
 injected by kind, the checker's figures and the longest stall (the longest
@@ -68,6 +83,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from okq.client import Client
@@ -75,18 +91,23 @@ from okq.clock import MAX_CLOCK_SKEW_MS
 from okq.devservers import Process, ServerMissing, nginx_binary, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.localfleet import FleetError, FleetNode, LocalFleet
+from okq.sequencer import FORWARD_PATH
 from okq.wire import LeasedItemOut, ProduceItem
+from tests.forwardtap import ForwardTap
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report
 from tests.s3proxy import Rule, S3Proxy
 
 LEASE_TIMEOUT = 3.0  # seconds: the campaign's queues redeliver a lost lease quickly
-ROLE_TTL = 3.0  # the smallest a node accepts
-CLIENT_TIMEOUT = 10.0  # the load's okq clients
+ROLE_TTL = 15.0  # a hung holder is found by pings within seconds; its lapse takes this long
+CLIENT_TIMEOUT = 15.0  # the load's okq clients: longer than nginx gives a call (10 s)
 #: The nodes' and the compactor's S3 client timeout (okq.store: 30 s, not configurable):
 #: a "timeout" fault keeps the answer from them for longer than this.
 S3_CLIENT_TIMEOUT = 30.0
 BOUND_S = MAX_CLOCK_SKEW_MS / 1000
-SCENARIOS = ("store", "kill", "stop", "clock", "clock-beyond", "s3-restart")
+SCENARIOS = ("store", "kill", "stop", "clock", "clock-beyond", "s3-restart", "hang",
+             "cutoff", "replay", "namespaces")
+#: The namespace of the node that takes over a dead holder's address in ``namespaces``.
+OTHER_NAMESPACE = "campaign-other"
 
 
 # -- what a run looks like --------------------------------------------------------------
@@ -127,6 +148,8 @@ class Profile:
     beyond: tuple[float, ...] = (90.0, -90.0, 0.0)  # past the bound
     beyond_compactor: float = -90.0
     s3_restarts: int = 1
+    hang_seconds: float = 10.0
+    cutoff_seconds: float = ROLE_TTL + 5
     #: ``name`` runs on the sequencer-mode fleet, ``name@direct`` on a second fleet
     #: without it, where every node takes lease decisions by its own clock.
     scenarios: tuple[str, ...] = ("store", "kill", "stop", "s3-restart", "clock@direct")
@@ -134,8 +157,8 @@ class Profile:
 
 SHORT = Profile("short", seconds=12, drain=60, stop_rounds=2,
                 store=StoreFaults(timeout=0.05, timeout_landed=0.05, timeouts_max=2))
-LONG = Profile("long", seconds=100, drain=180, stop_rounds=5, s3_restarts=3,
-               store=StoreFaults(timeouts_max=12),
+LONG = Profile("long", seconds=100, drain=180, stop_rounds=5, s3_restarts=3, hang_seconds=60,
+               cutoff_seconds=2 * ROLE_TTL + 10, store=StoreFaults(timeouts_max=12),
                scenarios=(*SCENARIOS, "clock@direct", "clock-beyond@direct"))
 
 
@@ -247,6 +270,8 @@ class Load:
     ops: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     refused_via: Counter[str] = field(default_factory=Counter)
+    #: (monotonic time, URL) of every acknowledged produce
+    writes: list[tuple[float, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.producing = self.consuming = True
@@ -271,7 +296,17 @@ class Load:
                     return
                 await self._produce_batch(c, [f"{self.queue}-{n}-{seq}-{i}"
                                               for i in range(self.batch)])
+                self.writes.append((time.monotonic(), url))
                 await asyncio.sleep(self.pause)
+
+    def write_gaps(self, url: str, start: float, end: float) -> tuple[float | None, float]:
+        """Through ``url`` between ``start`` and ``end``: seconds to the first
+        acknowledged produce, and the longest time with none."""
+        times = [t for t, u in self.writes if u == url and start <= t <= end]
+        if not times:
+            return None, end - start
+        edges = [start, *times, end]
+        return times[0] - start, max(b - a for a, b in itertools.pairwise(edges))
 
     async def _produce_batch(self, c: Client, keys: list[str]) -> None:
         """Until acknowledged: a batch whose outcome is unknown may exist already, so
@@ -487,10 +522,13 @@ class Outcome:
     notes: list[str]
     checker: str
     examples: dict[str, list[Any]]
+    misdelivered: int = 0
+    replays_accepted: int = 0
 
     @property
     def failed(self) -> bool:
-        return bool(self.lost or self.completed_twice or self.delivered_after_completion)
+        return bool(self.lost or self.completed_twice or self.delivered_after_completion
+                    or self.misdelivered or self.replays_accepted)
 
 
 def outcome_of(name: str, mode: str, seconds: float, drained: bool, load: Load,
@@ -513,7 +551,8 @@ def outcome_of(name: str, mode: str, seconds: float, drained: bool, load: Load,
         uncertain=len(report.uncertain), unexpected=len(report.unexpected),
         duplicated_keys=len(report.duplicated_keys),
         early_redeliveries=None if run.skewed else len(report.early_redeliveries),
-        clocks=run.clocks,
+        clocks=run.clocks, misdelivered=run.misdelivered,
+        replays_accepted=run.replays_accepted,
         errors=dict(load.errors.most_common()), notes=run.notes, checker=report.summary(),
         examples={"lost": report.lost[:10], "completed_twice": report.completed_twice[:10],
                   "late_deliveries": [list(x) for x in report.late_deliveries[:10]],
@@ -527,10 +566,11 @@ def markdown(outcomes: Sequence[Outcome], header: dict[str, Any]) -> str:
              f"{header['started']}; {header['seconds']:.0f} s in all (fleet start "
              f"{', '.join(f'{s:g}' for s in header['fleet_start'])} s); {header['fleet']}", "",
              "| scenario | s | produces ack / unknown / failed (items) | leases ok / failed "
-             "| completions accepted / refused / unknown | faults injected | lost "
+             "| completions accepted / refused / unknown | faults injected | misdelivered "
+             "| replays accepted | lost "
              "| completed twice | delivered after completion | duplicate deliveries (rate) "
              "| longest stall | died unasked |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(o) for o in outcomes]
     for o in outcomes:
         early = "n/a (clocks skewed)" if o.early_redeliveries is None else o.early_redeliveries
@@ -556,7 +596,9 @@ def _row(o: Outcome) -> str:
                    f"{ops['completions unknown']}")
     faults = ", ".join(f"{k} {v}" for k, v in o.faults.items()) or "none"
     return (f"| {o.scenario} | {o.seconds:.0f} | {produces} | {leases} | {completions} "
-            f"| {faults} | {o.lost} | {o.completed_twice} | {o.delivered_after_completion} "
+            f"| {faults} | {o.misdelivered} | {o.replays_accepted} | {o.lost} "
+            f"| {o.completed_twice} "
+            f"| {o.delivered_after_completion} "
             f"| {o.duplicate_deliveries} ({o.duplicate_rate:.3f}) | {o.longest_stall:.1f} s "
             f"| {', '.join(f'{k} {v}' for k, v in o.died.items()) or 'none'} |")
 
@@ -578,31 +620,40 @@ class Run:
     notes: list[str] = field(default_factory=list)
     clocks: dict[str, dict[str, float | None]] = field(default_factory=dict)  # asked, seen
     skewed: bool = False  # clocks were wrong: lease deadlines are not comparable
+    misdelivered: int = 0  # items that reached another namespace's queue
+    replays_accepted: int = 0  # captured forwards a node ran again
 
 
 class Campaign:
     """A fleet with the proxy in front of its SeaweedFS, and the scenarios run on it."""
 
     def __init__(self, profile: Profile, workdir: Path, seed: int,
-                 sequencer: bool = True) -> None:
+                 sequencer: bool = True, tap: bool = False) -> None:
         self.profile = profile
         self.workdir = workdir
         self.seed = seed
         self.rng = random.Random(seed)
         self.proxy: S3Proxy | None = None
+        self.tap = ForwardTap().start() if tap else None
         self.fleet = LocalFleet(
             workdir / ("fleet" if sequencer else "fleet-direct"), 3, sequencer=sequencer,
             role_ttl=ROLE_TTL,
             compactor_args=["--interval", "2", "--safety-age", "200", "--gc-every", "5"],
-            stop_timeout=10, s3_via=self._proxy_for)
+            stop_timeout=10, s3_via=self._proxy_for, node_s3=self._node_s3,
+            advertise=self.tap.url_for if self.tap else None)
         self.fleet_start = 0.0
         #: Held while a scenario or the supervisor takes processes down or up: one at a time.
         self._hands = threading.Lock()
 
     def _proxy_for(self, seaweed: str) -> str:
         """LocalFleet's hook: the proxy, started in front of SeaweedFS once it runs."""
-        self.proxy = S3Proxy(seaweed, seed=self.seed).start()
+        self.proxy = S3Proxy(seaweed, seed=self.seed, clients=3).start()
         return self.proxy.endpoint
+
+    def _node_s3(self, index: int) -> str:
+        """LocalFleet's hook: node ``index``'s own address of the proxy (``cutoff``)."""
+        assert self.proxy is not None
+        return self.proxy.endpoint_for(index)
 
     # -- life -----------------------------------------------------------------------------
 
@@ -624,6 +675,8 @@ class Campaign:
         self.fleet.stop()
         if self.proxy is not None:
             self.proxy.stop()
+        if self.tap is not None:
+            self.tap.stop()
 
     # -- scenarios ---------------------------------------------------------------------------
 
@@ -635,6 +688,10 @@ class Campaign:
             await c.create_queue(queue, lease_timeout=LEASE_TIMEOUT)
         nodes = [n.url for n in self.fleet.nodes]
         via = [self.fleet.url]
+        if name == "namespaces":  # nginx would send clients to the other namespace's node
+            holder = await asyncio.to_thread(self.fleet.holder)
+            nodes = [n.url for n in self.fleet.nodes if n is not holder]
+            via = []
         load = Load(queue, via * self.profile.producers_via_nginx + nodes,
                     via * self.profile.consumers_via_nginx + nodes,
                     batch=self.profile.batch, pause=self.profile.pause)
@@ -657,7 +714,8 @@ class Campaign:
     def _injectors(self) -> dict[str, Callable[[Run], Awaitable[None]]]:
         return {"store": self._store, "kill": self._kill, "stop": self._stop,
                 "clock": self._clock, "clock-beyond": self._clock_beyond,
-                "s3-restart": self._s3_restart}
+                "s3-restart": self._s3_restart, "hang": self._hang, "cutoff": self._cutoff,
+                "replay": self._replay, "namespaces": self._namespaces}
 
     @contextlib.asynccontextmanager
     async def _on_purpose(self) -> AsyncIterator[None]:
@@ -863,6 +921,105 @@ class Campaign:
                              f"{time.monotonic() - began:.1f} s")
         await asyncio.sleep(gap)
 
+    async def _hang(self, run: Run) -> None:
+        """The holder SIGSTOPped under load, then SIGCONT: writes through nginx must
+        resume within seconds (the other nodes find it hung and claim its role), not
+        after the role's TTL."""
+        await asyncio.sleep(self.profile.seconds / 4)
+        victim = await self._victim(0, run)
+        async with self._on_purpose():
+            victim.kill(signal.SIGSTOP)
+            run.faults["SIGSTOP holder"] += 1
+            stopped = time.monotonic()
+            await asyncio.sleep(self.profile.hang_seconds)
+            victim.kill(signal.SIGCONT)
+        first, longest = run.load.write_gaps(self.fleet.url, stopped, time.monotonic())
+        holder = await asyncio.to_thread(self.fleet.holder)
+        run.notes.append(
+            f"node {victim.index} stopped {self.profile.hang_seconds:g} s: first write through "
+            f"nginx {'none' if first is None else f'{first:.1f} s'} after the stop, longest "
+            f"time with none {longest:.1f} s; the role is now held by node "
+            f"{holder.index if holder else '-'}")
+        await asyncio.sleep(self.profile.seconds / 4)
+
+    async def _cutoff(self, run: Run) -> None:
+        """The holder's store requests fail at once while the others' go through:
+        another node must hold the role within ``ROLE_TTL`` and writes go on."""
+        assert self.proxy is not None
+        await asyncio.sleep(self.profile.seconds / 4)
+        victim = await self._victim(0, run)
+        rule = self.proxy.add(Rule(client=S3Proxy.client_host(victim.index), times=None,
+                                   forward=False, reply="error"))
+        cut = time.monotonic()
+        moved: float | None = None
+        try:
+            while time.monotonic() - cut < self.profile.cutoff_seconds:
+                holders = await asyncio.to_thread(self.fleet.holders)
+                if moved is None and holders and all(h is not victim
+                                                     for h in holders.values()):
+                    moved = time.monotonic() - cut
+                await asyncio.sleep(0.5)
+        finally:
+            retire({"cutoff": [rule]})
+        run.faults[f"node {victim.index} cut off from the store"] += 1
+        run.faults["its S3 requests refused"] += len(rule.matched)
+        first, longest = run.load.write_gaps(self.fleet.url, cut, time.monotonic())
+        run.notes.append(
+            f"node {victim.index}, the holder, cut off from the store for "
+            f"{self.profile.cutoff_seconds:g} s (role TTL {ROLE_TTL:g} s): another node held "
+            f"the role {'never' if moved is None else f'{moved:.1f} s'} after the cut; "
+            f"writes through nginx: first {'none' if first is None else f'{first:.1f} s'} "
+            f"after it, longest time with none {longest:.1f} s")
+        if moved is None or moved > ROLE_TTL + 2:
+            run.incidents["role not moved within the TTL"] += 1
+        await asyncio.sleep(self.profile.seconds / 4)
+
+    async def _replay(self, run: Run) -> None:
+        """Forwards captured on their way between the nodes, posted again to the node
+        each was meant for and to the next node: each must be refused."""
+        assert self.tap is not None, "the replay scenario needs the fleet's tap"
+        began = time.monotonic()
+        await asyncio.sleep(self.profile.seconds / 2)
+        captured = self.tap.since(began)
+        statuses: Counter[str] = Counter()
+        nodes = {n.index: n.url for n in self.fleet.nodes}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            for c in captured:
+                other = nodes[c.node % len(nodes) + 1]
+                for target, url in (("meant", nodes[c.node]), ("other", other)):
+                    async with http.post(url + FORWARD_PATH, data=c.body,
+                                         headers=c.headers) as resp:
+                        statuses[f"{target} {resp.status}"] += 1
+                        if resp.status < 400:
+                            run.replays_accepted += 1
+        run.faults["forwards replayed"] += 2 * len(captured)
+        run.notes.append(f"{len(captured)} captured forwards replayed to their node and "
+                         f"another; answers {dict(sorted(statuses.items()))}")
+        await asyncio.sleep(self.profile.seconds / 2)
+
+    async def _namespaces(self, run: Run) -> None:
+        """The holder dies and a node of another namespace comes up on its address with
+        the same fleet key and a queue of the same name: the forwards that still go to
+        that address must not land there."""
+        victim = await self._victim(0, run)
+        await asyncio.sleep(self.profile.seconds / 4)
+        async with self._on_purpose():
+            victim.kill(signal.SIGKILL)
+            run.faults["SIGKILL holder"] += 1
+            victim.set_extra_env({"OKQ_NAMESPACE": OTHER_NAMESPACE})
+            await asyncio.to_thread(victim.restart)
+            run.faults[f"node of namespace {OTHER_NAMESPACE} on its address"] += 1
+            async with Client(victim.url, timeout=30) as c:
+                await c.create_queue(run.load.queue, exist_ok=True)
+                await asyncio.sleep(self.profile.seconds / 2)
+                stats = await c.stats(run.load.queue)
+            run.misdelivered = stats.available + stats.in_flight + stats.completed
+            victim.set_extra_env(None)
+            await asyncio.to_thread(victim.restart)
+        run.notes.append(f"items in namespace {OTHER_NAMESPACE}'s queue of the same name: "
+                         f"{run.misdelivered}")
+        await asyncio.sleep(self.profile.seconds / 4)
+
 
 # -- the command -----------------------------------------------------------------------------
 
@@ -883,7 +1040,8 @@ def run_campaign(profile: Profile, names: Sequence[str], seed: int,
     for sequencer in (True, False):
         mine = [n for n in names if n.endswith("@direct") != sequencer]
         if mine:
-            campaign = Campaign(profile, workdir, seed, sequencer)
+            campaign = Campaign(profile, workdir, seed, sequencer,
+                                tap=any(n.startswith("replay") for n in mine))
             header["fleet_start"].append(round(campaign_start(campaign), 1))
             try:
                 outcomes += [_scenario(campaign, name) for name in mine]

@@ -17,6 +17,9 @@ make another writer act before the caller learns anything. Rules with
 
 The proxy serves on 127.0.0.1 (port 0: any free one) from its own event loop
 in a daemon thread, so it works under synchronous and asynchronous tests alike.
+With ``clients=N`` it also listens on the same port of 127.0.0.2 ... 127.0.0.N+1
+(``endpoint_for(k)``): a process pointed at its own address can be singled out by
+a rule's ``client``, to cut one node off from the store while the others reach it.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Rule:
     hold: bool = False
     reply: Reply = "pass"
     hold_timeout: float = 30.0
+    client: str | None = None  # only requests that came in on this address (endpoint_for)
     matched: list[str] = field(default_factory=list)  # method and path of each hit
     held: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
@@ -71,8 +75,10 @@ class Rule:
     def __post_init__(self) -> None:
         self._regex = re.compile(self.path)
 
-    def wants(self, method: str, path: str) -> bool:
+    def wants(self, method: str, path: str, local: str = HOST) -> bool:
         if self.times is not None and len(self.matched) >= self.times:
+            return False
+        if self.client is not None and self.client != local:
             return False
         return (self.method is None or self.method == method) and bool(
             self._regex.search(path))
@@ -91,9 +97,10 @@ class Rule:
 class S3Proxy(Server):
     """``with S3Proxy(upstream) as proxy:`` — forward to ``upstream``, with faults."""
 
-    def __init__(self, upstream: str, *, seed: int | None = None) -> None:
+    def __init__(self, upstream: str, *, seed: int | None = None, clients: int = 0) -> None:
         self.upstream = upstream.rstrip("/")
         self.endpoint = ""
+        self.clients = clients
         self.requests: Counter[str] = Counter()  # by method, everything that came in
         self._rules: list[Rule] = []
         self._lock = threading.Lock()
@@ -116,11 +123,24 @@ class S3Proxy(Server):
         for rule in rules:
             rule.release()
 
-    def _match(self, method: str, path: str) -> Rule | None:
+    @staticmethod
+    def client_host(k: int) -> str:
+        """The loopback address the ``k``-th client (1, 2, ...) is to use."""
+        return f"127.0.0.{k + 1}"
+
+    def endpoint_for(self, k: int) -> str:
+        """The endpoint of the ``k``-th client (``clients`` of them): requests that come
+        in there match rules with ``client=client_host(k)``."""
+        if not 1 <= k <= self.clients:
+            raise ValueError(f"the proxy listens for clients 1 to {self.clients}")
+        return self.endpoint.replace(HOST, self.client_host(k))
+
+    def _match(self, method: str, path: str, local: str = HOST) -> Rule | None:
         with self._lock:
             self.requests[method] += 1
             for rule in self._rules:
-                if rule.wants(method, path) and self._random.random() < rule.probability:
+                if (rule.wants(method, path, local)
+                        and self._random.random() < rule.probability):
                     rule.matched.append(f"{method} {path}")
                     return rule
         return None
@@ -128,7 +148,8 @@ class S3Proxy(Server):
     # -- serving ---------------------------------------------------------------
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        rule = self._match(request.method, request.path)
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        rule = self._match(request.method, request.path, sockname[0] if sockname else HOST)
         if rule is None:
             return await self._forward(request, body)
         if rule.delay:
@@ -171,6 +192,8 @@ class S3Proxy(Server):
         await site.start()
         port = self._runner.addresses[0][1]
         self.endpoint = f"http://{HOST}:{port}"
+        for k in range(1, self.clients + 1):
+            await web.TCPSite(self._runner, self.client_host(k), port).start()
 
     async def _teardown(self) -> None:
         if self._runner is not None:
