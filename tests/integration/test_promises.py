@@ -447,7 +447,7 @@ async def test_redrive_to_a_queue_deleted_meanwhile_keeps_the_dead_letter(
     assert back.meta["source_queue"] == "q"
 
 
-# -- issue 19: a purge and a late help --------------------------------------------------
+# -- issue 19: a purge and a late help; a queue deleted and made again -------------
 
 
 async def test_a_purge_stops_a_late_help_from_publishing_outputs_again(store: Store) -> None:
@@ -492,3 +492,20 @@ async def test_a_purge_forgets_what_it_dropped_once_the_floor_passes_it(store: S
     await compactor.compact_queue("q")
     m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
     assert m.purged == {} and m.gc_floor_ms > 0
+
+
+async def test_a_keyed_produce_after_the_queue_was_made_again_lands_in_the_new_queue(
+        store: Store) -> None:
+    """A key this engine saw in the old queue's manifest (still cached) must not
+    answer a produce into the queue made again under the same name."""
+    clock = ManualClock()
+    producer, admin = make_engine(store, clock), make_engine(store, clock)
+    await admin.create_queue("q")
+    (first,) = await producer.produce("q", [NewItem(b"old", key="k")])
+    await admin.delete_queue("q")
+    await admin.create_queue("q")
+    (again,) = await producer.produce("q", [NewItem(b"new", key="k")])
+    assert again != first
+    assert await drain(make_engine(store, clock), "q") == [b"new"]
+    # and a key of the new queue still deduplicates
+    assert await producer.produce("q", [NewItem(b"dup", key="k")]) == [again]
