@@ -175,9 +175,5 @@ class Admin:
         lease object and changes nothing visible."""
         q = self.rt.queue(queue)
         await self.rt.manifest(q, 0)
-        o = self.rt.opts
-        # Segments young enough that a publisher may still be re-applying their
-        # publish (its deadline, plus the clocks' skew both ways, with room).
-        young_ms = int((o.publish_timeout + 4 * o.max_clock_skew) * 1000)
-        await q.manifest.update(Purge(new_request_id(), young_ms).apply)
+        await q.manifest.update(Purge(new_request_id()).apply)
         q.summaries.clear()

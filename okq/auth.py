@@ -138,6 +138,14 @@ class StoredKey:
         return key
 
 
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -168,7 +176,13 @@ class KeyRing:
         self._cache: OrderedDict[str, tuple[StoredKey | None, float]] = OrderedDict()
 
     async def principal(self, presented: str) -> Principal:
-        """Who ``presented`` is; Unauthorized for anything that is not a live key."""
+        """Who ``presented`` is; Unauthorized for anything that is not a live key.
+
+        A header's bytes that are not UTF-8 reach here as lone surrogates (how
+        aiohttp decodes them): such a string is no key, and cannot be hashed."""
+        if _not_utf8(presented):
+            raise Unauthorized("a valid API key is required: the one presented is not "
+                               "UTF-8 text", field="Authorization")
         found = self._operator(presented)
         if found is not None:
             return found

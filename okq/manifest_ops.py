@@ -138,21 +138,26 @@ class UpdateConfig:
 @dataclass(frozen=True)
 class Purge:
     """Drop every segment. Records its request id (a re-apply is a no-op, so items
-    produced since survive) and the young segments it dropped (a publisher
-    re-applying an ambiguous publish of one learns it was published)."""
+    produced since survive) and every segment it dropped, until the GC floor passes
+    it: a publisher re-applying an ambiguous publish, or a late help publishing a
+    completion's outputs, learns the segment was published, then purged."""
 
     name: ClassVar[str] = "purge"
     rq: str
-    young_ms: int  # segments created this recently may still be re-published
 
     def apply(self, m: Manifest, now: int) -> Unchanged | None:
         if m.purge_rq == self.rq:
             return Unchanged()
-        keep = {sid: c for sid, c in m.purged.items() if c >= now - self.young_ms}
-        keep.update({sm.id: sm.created_ms for sm in m.segments
-                     if sm.created_ms >= now - self.young_ms})
-        m.segments, m.purge_rq, m.purged = [], self.rq, keep
+        m.purged.update({sm.id: sm.created_ms for sm in m.segments})
+        m.segments, m.purge_rq = [], self.rq
+        forget_purged(m)
         return None
+
+
+def forget_purged(m: Manifest) -> None:
+    """Forget the purged segments below the GC floor: no publish of one can land
+    any more (every publish refuses a segment created before the floor)."""
+    m.purged = {sid: c for sid, c in m.purged.items() if c >= m.gc_floor_ms}
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,7 @@ class CompactionCommit:
         m.segments = [sm for sm in m.segments if sm.id not in drop]
         m.segments.extend(new for new, _ in self.merged if new.id in published)
         m.gc_floor_ms = max(m.gc_floor_ms, self.floor_ms)
+        forget_purged(m)
         return published
 
 
@@ -221,7 +227,7 @@ def to_wire(op: Operation) -> tuple[str, dict[str, Any]]:
     if isinstance(op, UpdateConfig):
         return op.name, {"changes": op.changes}
     if isinstance(op, Purge):
-        return op.name, {"rq": op.rq, "young": op.young_ms}
+        return op.name, {"rq": op.rq}
     return op.name, {"finished": sorted(op.finished),
                      "merged": [[new.pack(), list(src)] for new, src in op.merged],
                      "floor": op.floor_ms}
@@ -238,7 +244,7 @@ def from_wire(name: str, args: dict[str, Any]) -> Operation:
         if name == UpdateConfig.name:
             return UpdateConfig(dict(args["changes"]))
         if name == Purge.name:
-            return Purge(args["rq"], args["young"])
+            return Purge(args["rq"])
         if name == CompactionCommit.name:
             merged = tuple((SegmentMeta.unpack(new), tuple(src)) for new, src in args["merged"])
             return CompactionCommit(frozenset(args["finished"]), merged, args["floor"])

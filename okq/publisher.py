@@ -116,10 +116,7 @@ class Publisher:
 
     async def _publish(self, items: list[NewItem]) -> list[str]:
         for _ in range(5):
-            manifest = await self.manifest.read(max_age_ms=60_000)
-            if manifest is None:
-                await self.manifest.refresh()
-                manifest = self.manifest.cached()
+            manifest = await self._manifest_for(items)
             fresh, ids, twins = _dedupe(items, manifest, self.clock.now_ms())
             try:
                 if fresh:
@@ -131,6 +128,20 @@ class Publisher:
                 ids[dup] = ids[first]
             return [i or "" for i in ids]
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
+
+    async def _manifest_for(self, items: list[NewItem]) -> Manifest | None:
+        """The manifest to look the items' idempotency keys up in: the cached copy,
+        unless a key is found in it. A key found answers the produce without a
+        write, so that answer never rests on a cached copy: the queue may have
+        been deleted and made again since (a key missing from a stale copy is
+        harmless: the publishing CAS checks the keys on the current manifest)."""
+        reads = self.manifest.reads
+        manifest = await self.manifest.read(max_age_ms=60_000)
+        now = self.clock.now_ms()
+        if self.manifest.reads == reads and (manifest is None or any(
+                i.key is not None and live_key(manifest, i.key, now) for i in items)):
+            manifest = await self.manifest.read(0)
+        return manifest
 
     async def write_segment(self, items: list[NewItem]) -> SegmentMeta:
         """Write a segment of ``items``, create-only; it is invisible until published."""

@@ -445,3 +445,67 @@ async def test_redrive_to_a_queue_deleted_meanwhile_keeps_the_dead_letter(
     (back,) = await other.lease("dlq", 1)
     assert back.payload == b"job" and back.meta is not None
     assert back.meta["source_queue"] == "q"
+
+
+# -- issue 19: a purge and a late help; a queue deleted and made again -------------
+
+
+async def test_a_purge_stops_a_late_help_from_publishing_outputs_again(store: Store) -> None:
+    """Outputs published, the node dead before P -> D, the outputs segment purged
+    when it is older than the purge's young window and was never leased, and the
+    compactor down until the marker expired: the late help must not bring the
+    purged outputs back."""
+    clock = ManualClock()
+    faulty = FaultyStore(store)
+    e = make_engine(faulty, clock)
+    await e.create_queue("in")
+    await e.create_queue("out")
+    await e.produce("in", [b"job"])
+    (item,) = await e.lease("in", 1)
+    # The completion (L -> P) lands, the outputs are published, then the node
+    # dies before P -> D: the second PUT to the input's lease object.
+    faulty.inject("put", "crash", key=_nth_put("/leases/in/", 2))
+    with pytest.raises(SimulatedCrash):
+        await e.complete_and_produce(item.token, "out", [b"result"])
+    other = make_engine(store, clock)
+    clock.advance(301)  # publish timeout + 4 x skew bound: no longer "young"
+    await other.purge("out")
+    clock.advance(600)  # past the idempotency window: the marker is gone
+    assert await other.lease("in", 10) == []  # the late help, on a lease walk
+    assert await drain(make_engine(store, clock), "out") == []
+    st = decode_lease((await store.get(lease_key("default", "in", item.id.split(".")[0]))).data)
+    assert st.items[0].s == "D"  # the completion stands: its outputs were published
+
+
+async def test_a_purge_forgets_what_it_dropped_once_the_floor_passes_it(store: Store) -> None:
+    """What a purge remembers is bounded: the compactor's floor ends it."""
+    clock = ManualClock()
+    e = make_engine(store, clock)
+    await e.create_queue("q")
+    await e.produce("q", [b"a"])
+    await e.purge("q")
+    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    assert len(m.purged) == 1
+    clock.advance(3601)
+    compactor = Compactor(make_engine(store, clock), clock=clock,
+                          options=CompactorOptions(safety_age=3600, lease_grace=60))
+    await compactor.compact_queue("q")
+    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    assert m.purged == {} and m.gc_floor_ms > 0
+
+
+async def test_a_keyed_produce_after_the_queue_was_made_again_lands_in_the_new_queue(
+        store: Store) -> None:
+    """A key this engine saw in the old queue's manifest (still cached) must not
+    answer a produce into the queue made again under the same name."""
+    clock = ManualClock()
+    producer, admin = make_engine(store, clock), make_engine(store, clock)
+    await admin.create_queue("q")
+    (first,) = await producer.produce("q", [NewItem(b"old", key="k")])
+    await admin.delete_queue("q")
+    await admin.create_queue("q")
+    (again,) = await producer.produce("q", [NewItem(b"new", key="k")])
+    assert again != first
+    assert await drain(make_engine(store, clock), "q") == [b"new"]
+    # and a key of the new queue still deduplicates
+    assert await producer.produce("q", [NewItem(b"dup", key="k")]) == [again]

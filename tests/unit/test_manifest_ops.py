@@ -139,16 +139,34 @@ def test_attribute_changes_merge_key_by_key_and_none_removes() -> None:
     assert m.config.attributes == {"DelaySeconds": "5", "tag:b": "2"}
 
 
-def test_purge_drops_segments_once_and_remembers_the_young() -> None:
+def test_purge_drops_segments_once_and_remembers_them_until_the_floor() -> None:
     m = manifest(seg("old", NOW - 600_000), seg("young", NOW - 1000))
-    op = Purge("rq1", young_ms=300_000)
+    op = Purge("rq1")
     assert op.apply(m, NOW) is None
-    assert m.segments == [] and m.purge_rq == "rq1" and m.purged == {"young": NOW - 1000}
+    assert m.segments == [] and m.purge_rq == "rq1"
+    assert m.purged == {"old": NOW - 600_000, "young": NOW - 1000}  # old ones too
     m.segments.append(seg("after"))  # produced after the purge
     assert isinstance(op.apply(m, NOW + 5), Unchanged)
     assert [s.id for s in m.segments] == ["after"]
-    Purge("rq2", young_ms=300_000).apply(m, NOW + 400_000)
-    assert m.purged == {}  # what it remembered aged out
+    m.gc_floor_ms = NOW - 500_000  # a compactor raised the floor past "old"
+    Purge("rq2").apply(m, NOW + 400_000)
+    assert m.purged == {"young": NOW - 1000, "after": NOW}
+
+
+def test_a_purged_segment_is_not_published_again_however_late() -> None:
+    """A late help of a completion's outputs, its marker long expired: the purge
+    remembers the segment for as long as the floor lets it be published."""
+    out = SegmentMeta("o", 1, NOW, 10)
+    m = manifest()
+    assert PublishWritten(out, keep_ms=540_000).apply(m, NOW) is None
+    Purge("rq").apply(m, NOW + 400_000)
+    assert isinstance(PublishWritten(out, keep_ms=540_000).apply(m, NOW + 10_000_000),
+                      Unchanged)
+    assert m.segments == []
+    CompactionCommit(frozenset(), (), floor_ms=NOW + 1).apply(m, NOW + 10_000_000)
+    assert m.purged == {}  # forgotten once the floor passed it, and refused instead
+    with pytest.raises(PublishAborted, match="GC floor"):
+        PublishWritten(out, keep_ms=540_000).apply(m, NOW + 10_000_000)
 
 
 # -- compaction commit -----------------------------------------------------------------------
@@ -182,7 +200,7 @@ OPS: list[Operation] = [
     Publish(seg("s1"), NOW + 60_000, {"k": "s1.0"}, 540_000, 10),
     PublishWritten(SegmentMeta("o", 1, NOW, 10, NOW - 5), 1000),
     UpdateConfig({"lease_timeout": 5, "dead_queue": None}),
-    Purge("rq", 300_000),
+    Purge("rq"),
     CompactionCommit(frozenset({"a", "b"}), ((seg("m"), ("c", "d")),), NOW - 1),
 ]
 
