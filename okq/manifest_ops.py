@@ -138,8 +138,9 @@ class UpdateConfig:
 @dataclass(frozen=True)
 class Purge:
     """Drop every segment. Records its request id (a re-apply is a no-op, so items
-    produced since survive) and the young segments it dropped (a publisher
-    re-applying an ambiguous publish of one learns it was published)."""
+    produced since survive), the young segments it dropped (a publisher
+    re-applying an ambiguous publish of one learns it was published) and its time
+    (front ends that limit how often a queue is purged read it)."""
 
     name: ClassVar[str] = "purge"
     rq: str
@@ -151,7 +152,7 @@ class Purge:
         keep = {sid: c for sid, c in m.purged.items() if c >= now - self.young_ms}
         keep.update({sm.id: sm.created_ms for sm in m.segments
                      if sm.created_ms >= now - self.young_ms})
-        m.segments, m.purge_rq, m.purged = [], self.rq, keep
+        m.segments, m.purge_rq, m.purged, m.purged_ms = [], self.rq, keep, now
         return None
 
 
