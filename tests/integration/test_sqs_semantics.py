@@ -18,6 +18,7 @@ from okq import Engine, ManualClock
 from okq.service import QueueService
 from okq.sqs.actions import Call, SqsApi
 from okq.sqs.errors import SqsError
+from okq.sqs.moves import Moves
 from okq.sqs.queues import Names
 from okq.store import Store
 from tests.engines import make_engine
@@ -33,10 +34,10 @@ def kind() -> str:
 class Node:
     """One node of the SQS API: ``await node.X(**params)`` runs action X."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, sweep: float = 30.0) -> None:
         self.engine = engine
         self.service = QueueService(engine)
-        self.api = SqsApi(1_048_576)
+        self.api = SqsApi(1_048_576, Moves(sweep=sweep))
 
     def call(self) -> Call:
         return Call(self.service, NAMES, "AKIDTEST")
@@ -290,3 +291,31 @@ async def test_cancelling_a_task_whose_node_stopped_ends_it(
     await b.CancelMessageMoveTask(TaskHandle=handle)  # no runner holds it: ended at once
     assert (await task_of(b, arn))["Status"] == "CANCELLED"
     assert not b.api.moves.runners
+
+
+async def test_a_node_sweeping_its_namespace_resumes_a_stopped_task(
+        store: Store, clock: ManualClock) -> None:
+    """Nobody asks about the task: a node that serves the namespace finds it on its
+    sweep once the claim lapsed."""
+    a = Node(await make_engine(store, clock).start())
+    b = Node(await make_engine(store, clock).start(), sweep=0.05)
+    try:
+        _, _, arn = await dead_letters(a, ["d1", "d2"])
+        await a.StartMessageMoveTask(SourceArn=arn, MaxNumberOfMessagesPerSecond=1)
+        await a.api.close()
+        await b.ListQueues()  # b serves the namespace: it sweeps it from now on
+        await asyncio.sleep(0.2)
+        assert not b.api.moves.runners  # a's claim still holds
+        clock.advance(75)
+
+        async def completed() -> bool:  # read from the bucket: a listing would resume it
+            (task, *_) = await a.service.move_tasks.of_queue("dlq")
+            return task.status == "COMPLETED"
+
+        await until(completed)
+        (task, *_) = await a.service.move_tasks.of_queue("dlq")
+        assert task.owner == b.api.moves.owner
+        assert await a.stats_of("src") == 2 and await a.stats_of("dlq") == 0
+    finally:
+        await a.close()
+        await b.close()
