@@ -45,6 +45,7 @@ class QueueInfo:
     created_ms: int
     segments: int
     produced: int
+    purged_ms: int = 0  # when the queue was last purged (0: never)
 
 
 class Admin:
@@ -166,7 +167,8 @@ class Admin:
 
     @staticmethod
     def _info(m: Manifest) -> QueueInfo:
-        return QueueInfo(m.queue, m.config, m.created_ms, len(m.segments), m.produced)
+        return QueueInfo(m.queue, m.config, m.created_ms, len(m.segments), m.produced,
+                         m.purged_ms)
 
     async def purge(self, queue: str) -> None:
         """Drop every item: the manifest stops referencing the queue's segments, so

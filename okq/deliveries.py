@@ -23,6 +23,7 @@ from okq.keys import (
 )
 from okq.limits import check_lease_timeout, check_time_ms
 from okq.model import (
+    LEASED,
     LeaseObject,
     new_request_id,
 )
@@ -105,6 +106,20 @@ class Deliveries:
             lambda o, now: tr.renew(o, d.index, d.v, now, lease_ms)
         )
         return deadline
+
+    async def first_leased(self, token: str, *, queue: str | None = None) -> int | None:
+        """When the token's item was first leased (ms), while the token's delivery is
+        current; None when it is not (a change through the token then says why) or
+        the state predates the record. A cached lease object answers when it shows
+        the delivery: an item's first lease time never changes once written."""
+        d, q = self.delivery(token, queue=queue)
+        cell = self.rt.lease_cell(q, d.segment)
+        for max_age_ms in (int(self.rt.opts.lease_state_max_age * 1000), 0):
+            obj = await cell.read(max_age_ms)
+            st = obj.items.get(d.index) if obj is not None else None
+            if st is not None and st.s == LEASED and st.v == d.v:
+                return st.first
+        return None
 
     async def complete(self, tokens: Sequence[str], *, queue: str | None = None) -> None:
         """Complete deliveries. Each token is applied on its own; if any lease was

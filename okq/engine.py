@@ -27,6 +27,7 @@ from okq.clock import Clock, SystemClock
 from okq.deliveries import Deliveries
 from okq.finishers import Finishers
 from okq.model import QueueConfig
+from okq.movetasks import MoveTaskStore
 from okq.publisher import NewItem
 from okq.redrive import Redriver
 from okq.runtime import EngineOptions, Runtime
@@ -66,6 +67,7 @@ class Engine:
         self.deliveries = Deliveries(rt, self.finishers, signer)
         self.views = Views(rt)
         self.redriver = Redriver(rt, self.scheduler, self.deliveries, self.finishers)
+        self.move_tasks = MoveTaskStore(store, namespace)
 
     @property
     def store(self) -> Store:
@@ -146,7 +148,8 @@ class Engine:
 
     async def lease(self, queue: str, batch: int = 1, *, lease_timeout: float | None = None,
                     wait: float = 0.0) -> list[LeasedItem]:
-        """Lease up to ``batch`` ready items, waiting up to ``wait`` seconds for some."""
+        """Lease up to ``batch`` ready items, waiting up to ``wait`` seconds for some
+        (``lease_timeout``: the queue's by default; 0 makes them leasable again at once)."""
         return await self.scheduler.lease(queue, batch, lease_timeout=lease_timeout, wait=wait)
 
     def check_tokens(self, tokens: Sequence[str], queue: str, field_pattern: str) -> None:
@@ -157,6 +160,10 @@ class Engine:
                     queue: str | None = None) -> int:
         """Extend a lease from now; returns the new deadline (ms)."""
         return await self.deliveries.renew(token, lease_timeout, queue=queue)
+
+    async def first_leased(self, token: str, *, queue: str | None = None) -> int | None:
+        """When the token's item was first leased (ms), while the delivery is current."""
+        return await self.deliveries.first_leased(token, queue=queue)
 
     async def complete(self, tokens: Sequence[str], *, queue: str | None = None) -> None:
         """Complete deliveries; LeaseLost names those refused, after the others landed."""

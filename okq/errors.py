@@ -18,6 +18,8 @@
     ├── QueueInUse                 delete of a queue another queue names as its
     │                              dead_queue; ``used_by`` names them         (HTTP 409)
     ├── LeaseLost                  stale, expired-and-released or finished lease (HTTP 409)
+    ├── TaskLost                   a message move task is not in a state that allows
+    │                              the change (ended, or run by another node) (HTTP 409)
     ├── InvalidToken               forged, tampered or foreign lease token    (HTTP 400)
     ├── Unauthorized               missing or wrong API key                   (HTTP 401)
     ├── TooLarge                   payload, batch or body over a limit        (HTTP 413)
@@ -124,6 +126,13 @@ class LeaseLost(OkqError):
     """The lease behind a token is no longer the current delivery of its item."""
 
     code = "lease_lost"
+    status = 409
+
+
+class TaskLost(OkqError):
+    """A change of a message move task that its state does not allow."""
+
+    code = "task_lost"
     status = 409
 
 

@@ -7,6 +7,9 @@ key                                             object
 ``{ns}/segments/{queue}/{segment}``             an immutable segment (create-only)
 ``{ns}/leases/{queue}/{segment}``               the segment's lease object: leases and
                                                 completion tombstones of its items (CAS)
+``{ns}/movetasks/{queue}/{seq}``                a message move task of the SQS API, by
+                                                its dead-letter queue (create-only, then
+                                                CAS)
 ``_auth/keys/{id}``                             an API key (its secret's hash, namespace,
                                                 role, queue prefixes), outside every
                                                 namespace: a namespace cannot start
@@ -89,3 +92,14 @@ def parse_item_id(value: str, field: str = "id") -> tuple[str, int]:
     if not SEGMENT_RE.fullmatch(seg) or not (idx.isascii() and idx.isdigit()):
         raise InvalidRequest(f"{field} is not an okq item id: {value!r}", field=field)
     return seg, int(idx)
+
+
+def move_tasks_prefix(ns: str, dead_queue: str | None = None) -> str:
+    """Where the message move tasks of a dead-letter queue live (of every queue,
+    without one)."""
+    return f"{ns}/movetasks/" if dead_queue is None else f"{ns}/movetasks/{dead_queue}/"
+
+
+def move_task_key(ns: str, dead_queue: str, seq: int) -> str:
+    """A move task's key: tasks of one queue sort in the order they were started."""
+    return f"{ns}/movetasks/{dead_queue}/{seq:010d}"

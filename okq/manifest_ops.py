@@ -138,9 +138,10 @@ class UpdateConfig:
 @dataclass(frozen=True)
 class Purge:
     """Drop every segment. Records its request id (a re-apply is a no-op, so items
-    produced since survive) and every segment it dropped, until the GC floor passes
-    it: a publisher re-applying an ambiguous publish, or a late help publishing a
-    completion's outputs, learns the segment was published, then purged."""
+    produced since survive), every segment it dropped, until the GC floor passes
+    it (a publisher re-applying an ambiguous publish, or a late help publishing a
+    completion's outputs, learns the segment was published, then purged) and its
+    time (front ends that limit how often a queue is purged read it)."""
 
     name: ClassVar[str] = "purge"
     rq: str
@@ -149,7 +150,7 @@ class Purge:
         if m.purge_rq == self.rq:
             return Unchanged()
         m.purged.update({sm.id: sm.created_ms for sm in m.segments})
-        m.segments, m.purge_rq = [], self.rq
+        m.segments, m.purge_rq, m.purged_ms = [], self.rq, now
         forget_purged(m)
         return None
 

@@ -123,6 +123,7 @@ class Manifest:
     # of one of them learns it was published and then purged.
     purge_rq: str = ""
     purged: dict[str, int] = field(default_factory=dict)
+    purged_ms: int = 0  # when the last purge landed (0: never), by its writer's clock
 
 
 @dataclass(slots=True)
@@ -310,6 +311,7 @@ def encode_manifest(m: Manifest) -> bytes:
             "ver": m.ver,
             "nonce": m.nonce,
             **({"purge": [m.purge_rq, m.purged]} if m.purge_rq or m.purged else {}),
+            **({"purged_at": m.purged_ms} if m.purged_ms else {}),
         },
     )
 
@@ -330,6 +332,7 @@ def decode_manifest(data: bytes) -> Manifest:
             nonce=raw["nonce"],
             purge_rq=str(purge_rq),
             purged=dict(purged),
+            purged_ms=int(raw.get("purged_at", 0)),
         )
     except (KeyError, TypeError, ValueError, IndexError, OkqError) as exc:
         raise FormatError(f"malformed manifest: {exc}", data=data) from exc
@@ -428,3 +431,44 @@ def decode_lease(data: bytes) -> LeaseObject:
                            bool(raw.get("sealed", False)))
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
         raise FormatError(f"malformed lease object: {exc}", data=data) from exc
+
+
+@dataclass(slots=True)
+class MoveTask:
+    """A message move task of the SQS API (``f=movetask``): dead letters of ``dead``
+    moved back to their source queues, or to ``target``, by whichever node holds its
+    claim (``owner`` until ``beat_ms``)."""
+
+    dead: str  # the dead-letter queue it moves from
+    seq: int  # its number among the queue's tasks (its key)
+    source_arn: str
+    destination_arn: str | None
+    target: str | None  # the queue DestinationArn names (None: each to its source)
+    rate: int | None  # messages per second at most (None: as fast as it goes)
+    to_move: int  # dead letters ready when it started
+    started_ms: int
+    status: str = "RUNNING"  # RUNNING, CANCELLING, CANCELLED, COMPLETED, FAILED
+    moved: int = 0
+    failure: str | None = None
+    owner: str = ""  # the runner holding the claim (a random id per node process)
+    beat_ms: int = 0  # the claim holds until then; a runner renews it as it goes
+    hold_ms: int = 0  # dead letters its runners leased may be held until then
+    ver: int = 0
+    nonce: str = ""
+
+
+_MOVE_TASK_FIELDS = ("dead", "seq", "source_arn", "destination_arn", "target", "rate",
+                     "to_move", "started_ms", "status", "moved", "failure", "owner",
+                     "beat_ms", "hold_ms", "ver", "nonce")
+
+
+def encode_move_task(t: MoveTask) -> bytes:
+    return _pack("movetask", {f: getattr(t, f) for f in _MOVE_TASK_FIELDS})
+
+
+def decode_move_task(data: bytes) -> MoveTask:
+    raw = _unpack("movetask", data)
+    try:
+        return MoveTask(**{f: raw[f] for f in _MOVE_TASK_FIELDS})
+    except (KeyError, TypeError) as exc:
+        raise FormatError(f"malformed movetask: {exc}", data=data) from exc

@@ -88,9 +88,15 @@ class Scheduler:
         lease_timeout: float | None = None,
         wait: float = 0.0,
     ) -> list[LeasedItem]:
-        """Lease up to ``batch`` ready items, waiting up to ``wait`` seconds for some."""
+        """Lease up to ``batch`` ready items, waiting up to ``wait`` seconds for some.
+
+        ``lease_timeout=0`` is a delivery that is over at once: the item is leasable
+        again at once (the SQS API's receive with ``VisibilityTimeout=0``); the
+        delivery still counts as an attempt, and its token stays current until the
+        item is leased again."""
         self.rt.check_batch(batch, "batch_size")
-        check_lease_timeout(lease_timeout)
+        if lease_timeout != 0:
+            check_lease_timeout(lease_timeout)
         if not 0 <= wait <= self.rt.opts.max_wait:
             raise InvalidRequest(f"request_timeout must be 0 to {self.rt.opts.max_wait} seconds",
                                  field="request_timeout")
@@ -128,7 +134,8 @@ class Scheduler:
     ) -> tuple[list[LeasedItem], int | None]:
         async with q.lock:
             m, fresh_cfg = await self.rt.manifest_read(q, self.rt.max_ages(q)[0])
-            lease_ms = int(lease_timeout * 1000) if lease_timeout else m.config.lease_ms
+            lease_ms = (int(lease_timeout * 1000) if lease_timeout is not None
+                        else m.config.lease_ms)
             out: list[LeasedItem] = []
             next_ready: int | None = None
             idle = 0

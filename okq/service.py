@@ -43,6 +43,7 @@ from okq.engine import BrowsedItem, Engine, LeasedItem, QueueInfo, QueueStats
 from okq.errors import InvalidRequest, LeaseLost, OkqError, Overloaded, QueueNotFound
 from okq.limits import check_batch
 from okq.model import QueueConfig
+from okq.movetasks import MoveTaskStore
 from okq.publisher import NewItem
 from okq.settings import Settings
 
@@ -181,6 +182,15 @@ class QueueService:
         """Extend a lease from now; the new deadline (ms)."""
         return await self.engine.renew(token, lease_timeout, queue=queue)
 
+    async def first_leased(self, queue: str, token: str) -> int | None:
+        """When the token's item was first leased (ms), while its delivery is current
+        (a read: it runs on any node)."""
+        return await self.engine.first_leased(token, queue=queue)
+
+    def now_ms(self) -> int:
+        """The time by this node's clock (ms)."""
+        return self.engine.clock.now_ms()
+
     async def complete(self, queue: str, tokens: Sequence[str],
                        outputs: Outputs | None = None) -> list[str] | None:
         """Complete deliveries; with ``outputs`` (one token), produce them in the same
@@ -210,7 +220,9 @@ class QueueService:
                                         count_attempt=r.count_attempt)
                 outcome.retried += 1
             except LeaseLost as exc:
-                outcome.failed.append({"index": n, "reason": exc.message})
+                state = exc.details.get("state")
+                outcome.failed.append({"index": n, "reason": exc.message,
+                                       **({"state": state} if state else {})})
         return outcome
 
     # -- queues and views ---------------------------------------------------------------
@@ -228,10 +240,14 @@ class QueueService:
         (a per-message read of settings, such as the SQS API's delay and long poll)."""
         return await self.engine.get_queue(name, max_age)
 
+    async def queue_names(self) -> list[str]:
+        """The names of the namespace's queues (one LIST)."""
+        return await self.engine.list_queues()
+
     async def queues(self) -> list[QueueInfo]:
         """Every queue of the namespace; one deleted while listing is left out."""
         infos = []
-        for name in await self.engine.list_queues():
+        for name in await self.queue_names():
             try:
                 infos.append(await self.engine.get_queue(name))
             except QueueNotFound:
@@ -247,6 +263,11 @@ class QueueService:
     async def browse(self, queue: str, *, start_after: str | None = None,
                      limit: int = 100) -> tuple[list[BrowsedItem], str | None]:
         return await self.engine.browse(queue, start_after=start_after, limit=limit)
+
+    @property
+    def move_tasks(self) -> MoveTaskStore:
+        """The namespace's message move tasks, kept in the bucket (the SQS API's)."""
+        return self.engine.move_tasks
 
     async def redrive(self, dead_queue: str, limit: int = 1000) -> int:
         return await self.engine.redrive(dead_queue, limit)

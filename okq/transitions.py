@@ -131,18 +131,30 @@ def current(obj: LeaseObject, index: int, v: int) -> ItemState:
     return st
 
 
+#: How a lost lease describes an item that has left its queue (by whichever delivery).
+GONE_STATES = {
+    DONE: "already completed",
+    OUTPUTS_PENDING: "already completed",
+    DEAD_PENDING: "being dead-lettered",
+    DEAD: "dead-lettered",
+}
+
+
 def _describe(st: ItemState, v: int) -> str:
+    if st.s in GONE_STATES:  # whichever delivery took it out of the queue
+        return GONE_STATES[st.s]
     if st.s == LEASED:
         return "leased again by another delivery"
     if st.v != v:
         return "released and leased again since"
-    return {
-        WAITING: "waiting for a retry",
-        DONE: "already completed",
-        OUTPUTS_PENDING: "already completed",
-        DEAD_PENDING: "being dead-lettered",
-        DEAD: "dead-lettered",
-    }.get(st.s, st.s)
+    return "waiting for a retry" if st.s == WAITING else st.s
+
+
+def left_queue(state: str) -> bool:
+    """Whether a lost lease's ``state`` (LeaseLost's detail) says the item is no longer
+    in its queue at all (completed, dead-lettered, compacted away or purged), rather
+    than back in it or held by another delivery."""
+    return state in GONE_STATES.values() or state in ("never leased", "gone")
 
 
 def renew(obj: LeaseObject, index: int, v: int, now: int, lease_ms: int) -> int:

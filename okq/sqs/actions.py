@@ -13,13 +13,16 @@ Semantics decided here (docs/SQS.md says why):
   without deleting, as SQS documents for a stale handle; the completion is not
   accepted (okq's commit-once fencing holds) and the node counts it in
   ``okq_sqs_stale_deletes_total`` and answers it with ``x-okq-stale-receipt``;
-- ``ChangeMessageVisibility`` on a lease no longer held is ``MessageNotInflight``;
-  to 0 it releases the message at once (its receive still counts, as in SQS).
+- ``ChangeMessageVisibility`` on a lease no longer held is ``MessageNotInflight``
+  while the message is still in the queue (received again since, or released), and
+  ``InvalidParameterValue`` once it has left it (deleted, dead-lettered, purged), as
+  at SQS; to 0 it releases the message at once (its receive still counts, as in
+  SQS); past 12 hours of invisibility since the first receive it is refused
+  (``InvalidParameterValue``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
@@ -34,24 +37,33 @@ from okq.errors import (
     InvalidRequest,
     InvalidToken,
     LeaseLost,
+    ObjectNotFound,
     OkqError,
     Overloaded,
     QueueExists,
     QueueInUse,
     QueueNotFound,
     StorageError,
+    TaskLost,
     TooLarge,
 )
-from okq.model import QueueConfig, dead_letter_source, item_origin, redriven_meta
+from okq.model import MoveTask, QueueConfig, dead_letter_source, item_origin
+from okq.movetasks import ACTIVE, cancel
 from okq.publisher import NewItem
 from okq.scheduler import LeasedItem
 from okq.service import QueueService, Retry
 from okq.sqs import messages as msg
 from okq.sqs import queues as qa
 from okq.sqs.errors import SqsError, invalid, invalid_value, missing, no_queue
-from okq.sqs.queues import Names
+from okq.sqs.moves import Moves
+from okq.sqs.queues import SQS_NAME, Names
+from okq.transitions import left_queue
 
 MAX_BATCH = 10
+#: The longest a message stays invisible in all, counted from its first receive.
+MAX_VISIBILITY_MS = 43_200_000
+#: The shortest time between two purges of a queue.
+PURGE_INTERVAL_MS = 60_000
 MAX_BATCH_BYTES = 1_048_576
 _ENTRY_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 _DEDUP_ID = re.compile(r"[!-~]{1,128}")
@@ -148,11 +160,11 @@ def _page(names: list[str], params: dict[str, Any]) -> tuple[list[str], str | No
 
 
 class SqsApi:
-    """The SQS actions. ``redrives`` are this node's message move tasks."""
+    """The SQS actions. ``moves`` runs the message move tasks this node holds."""
 
-    def __init__(self, max_item_bytes: int) -> None:
+    def __init__(self, max_item_bytes: int, moves: Moves | None = None) -> None:
         self.max_message_bytes = min(max_item_bytes, 1_048_576)
-        self.moves: dict[str, MoveTask] = {}
+        self.moves = moves or Moves()
 
     def knows(self, name: str) -> bool:
         return name.isalpha() and hasattr(self, f"do_{name}")
@@ -161,7 +173,13 @@ class SqsApi:
         handler = getattr(self, f"do_{name}", None) if self.knows(name) else None
         if handler is None:
             raise SqsError("InvalidAction", f"The action {name} is not valid for this endpoint.")
-        return handler  # type: ignore[no-any-return]
+
+        async def run(call: Call, params: dict[str, Any]) -> dict[str, Any]:
+            # a namespace served here is swept for move tasks whose node stopped
+            self.moves.serve(call.names.namespace, call.service)
+            return await handler(call, params)  # type: ignore[no-any-return]
+
+        return run
 
     # -- queues --------------------------------------------------------------------------
     def queue_of(self, call: Call, params: dict[str, Any]) -> str:
@@ -236,7 +254,7 @@ class SqsApi:
         if not isinstance(prefix, str):
             raise invalid_value("QueueNamePrefix", prefix, "it must be a string")
         with sqs_errors():
-            names = sorted(n for n in await call.service.engine.list_queues()
+            names = sorted(n for n in await call.service.queue_names()
                            if n.startswith(prefix))
         page, token = _page(names, params)
         out: dict[str, Any] = {"QueueUrls": [call.names.url(n) for n in page]} if page else {}
@@ -251,7 +269,14 @@ class SqsApi:
         return {}
 
     async def do_PurgeQueue(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        """SQS allows one purge per queue in 60 s. The last purge's time is in the
+        queue's manifest, read fresh here, so every node of a fleet refuses alike."""
         queue = self.queue_of(call, params)
+        info = await self.info(call, queue)
+        since = call.service.now_ms() - info.purged_ms
+        if info.purged_ms and since < PURGE_INTERVAL_MS:
+            raise SqsError("PurgeQueueInProgress", f"Only one PurgeQueue operation on {queue} "
+                           f"is allowed every {PURGE_INTERVAL_MS // 1000} seconds.")
         with sqs_errors():
             await call.service.purge(queue)
         return {}
@@ -395,7 +420,7 @@ class SqsApi:
                     raise invalid_value(param, value, "1 to 128 printable ASCII characters")
                 meta[short] = value
         key = meta.get("dedup")
-        enqueue_at = call.service.engine.clock.now_ms() + delay * 1000 if delay else None
+        enqueue_at = call.service.now_ms() + delay * 1000 if delay else None
         item = NewItem(body.encode(), enqueue_at, key, {msg.META_KEY: meta} if meta else None)
         reply: dict[str, Any] = {"MD5OfMessageBody": msg.md5_of_body(body)}
         if attributes:
@@ -416,7 +441,7 @@ class SqsApi:
         wanted = _names_list(params, "MessageAttributeNames")
         with sqs_errors():
             items = await call.service.lease(
-                queue, count, lease_timeout=None if visibility < 0 else max(0.1, visibility),
+                queue, count, lease_timeout=None if visibility < 0 else visibility,
                 wait=wait)
         if items and call.gone():
             await call.service.give_back(queue, items)
@@ -471,7 +496,7 @@ class SqsApi:
 
     def _check_handle(self, call: Call, queue: str, handle: str) -> None:
         try:
-            call.service.engine.check_tokens([handle], queue, "ReceiptHandle")
+            call.service.check_tokens([handle], queue, "ReceiptHandle")
         except (InvalidToken, InvalidRequest):
             raise SqsError("ReceiptHandleIsInvalid", f'The input receipt handle "{handle}" is '
                            "not a valid receipt handle.") from None
@@ -519,13 +544,31 @@ class SqsApi:
             with sqs_errors():
                 if timeout == 0:
                     outcome = await call.service.retry(queue, [Retry(handle)])
-                    outcome.raise_if_failed()
+                    if outcome.failed:
+                        raise LeaseLost(outcome.failed[0]["reason"],
+                                        state=outcome.failed[0].get("state", ""))
                 else:
+                    await self._check_total_visibility(call, queue, handle, timeout)
                     await call.service.renew(queue, handle, float(timeout))
-        except LeaseLost:
+        except LeaseLost as exc:
+            if left_queue(str(exc.details.get("state", ""))):
+                raise invalid_value("ReceiptHandle", handle, "Message does not exist or is "
+                                    "not available for visibility timeout change.") from None
             raise SqsError("MessageNotInflight", "The message referred to is not in flight: "
                            "its visibility timeout expired and it was received again, or it "
-                           "was deleted.") from None
+                           "was released.") from None
+
+    async def _check_total_visibility(self, call: Call, queue: str, handle: str,
+                                      timeout: int) -> None:
+        """SQS's cap: a message is invisible for at most 12 hours in all since its first
+        receive, so a change may reach no further than that from the first receive."""
+        first = await call.service.first_leased(queue, handle)
+        if first is None:
+            return  # not current: the change itself answers why
+        if call.service.now_ms() + timeout * 1000 > first + MAX_VISIBILITY_MS:
+            raise invalid_value("VisibilityTimeout", timeout, "Total VisibilityTimeout for "
+                                f"the message is beyond the limit [{MAX_VISIBILITY_MS // 1000} "
+                                "seconds]")
 
     async def do_ChangeMessageVisibilityBatch(self, call: Call,
                                               params: dict[str, Any]) -> dict[str, Any]:
@@ -542,7 +585,7 @@ class SqsApi:
                 failed.append(_failure(entry["Id"], err))
         return {"Successful": done, "Failed": failed}
 
-    # -- moving dead letters -------------------------------------------------------------
+    # -- moving dead letters (the tasks live in the bucket: okq/sqs/moves.py) -------------
     async def do_StartMessageMoveTask(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         source_arn = _str(params, "SourceArn")
         dead = call.names.queue_of_arn(source_arn, "SourceArn")
@@ -557,41 +600,93 @@ class SqsApi:
             await self.info(call, target)
         rate = _int(params, "MaxNumberOfMessagesPerSecond", 1, 500, 0) \
             if params.get("MaxNumberOfMessagesPerSecond") is not None else None
-        if any(t.source_arn == source_arn and t.status == "RUNNING" for t in self.moves.values()):
-            raise invalid("There is already a task running. Only one active task is allowed "
-                          "for each source queue arn at a given time.")
         with sqs_errors():
+            tasks = await self._tasks(call, dead)
+            if tasks and tasks[0].status in ACTIVE:
+                raise _task_running()
             to_move = (await call.service.stats(dead)).available
-        task = MoveTask(call.service, dead, source_arn, target, destination, rate, to_move)
-        self.moves[task.handle] = task
-        task.start()
-        return {"TaskHandle": task.handle}
+            now = call.service.now_ms()
+            task = MoveTask(dead, tasks[0].seq + 1 if tasks else 1, source_arn, destination,
+                            target, rate, to_move, started_ms=now, owner=self.moves.owner,
+                            beat_ms=now + self.moves.ttl_ms, hold_ms=self.moves.hold_ms(now))
+            if not await call.service.move_tasks.create(task):
+                raise _task_running()  # another node started one at the same moment
+        self.moves.start(call.names.namespace, call.service, task)
+        return {"TaskHandle": _handle(task)}
+
+    async def _tasks(self, call: Call, dead: str) -> list[MoveTask]:
+        """A queue's tasks, newest first; the newest resumed here if its node stopped."""
+        tasks = await call.service.move_tasks.of_queue(dead)
+        if tasks:
+            await self.moves.resume(call.names.namespace, call.service, tasks[0])
+        return tasks
 
     async def do_ListMessageMoveTasks(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         source_arn = _str(params, "SourceArn")
-        call.names.queue_of_arn(source_arn, "SourceArn")
+        dead = call.names.queue_of_arn(source_arn, "SourceArn")
         limit = _int(params, "MaxResults", 1, 10, 1)
-        tasks = sorted((t for t in self.moves.values() if t.source_arn == source_arn),
-                       key=lambda t: -t.started_ms)[:limit]
-        return {"Results": [t.describe() for t in tasks]}
+        with sqs_errors():
+            tasks = await self._tasks(call, dead)
+        return {"Results": [_describe(t) for t in tasks[:limit]]}
 
     async def do_CancelMessageMoveTask(self, call: Call,
                                        params: dict[str, Any]) -> dict[str, Any]:
         handle = _str(params, "TaskHandle")
-        task = self.moves.get(handle)
-        if task is None:
-            raise SqsError("ResourceNotFoundException", "The resource that you specified for "
-                           "the TaskHandle parameter doesn't exist.")
-        if task.status != "RUNNING":
-            raise SqsError("UnsupportedOperation", f"The task is {task.status}, not RUNNING")
-        task.cancel()
+        found = _task_of_handle(handle)
+        missing_task = SqsError("ResourceNotFoundException", "The resource that you "
+                                "specified for the TaskHandle parameter doesn't exist.")
+        if found is None:
+            raise missing_task
+        with sqs_errors():
+            try:
+                task = await call.service.move_tasks.update(*found, cancel,
+                                                            call.service.now_ms)
+            except ObjectNotFound:
+                raise missing_task from None
+            except TaskLost as exc:
+                raise SqsError("UnsupportedOperation", exc.message) from None
         return {"ApproximateNumberOfMessagesMoved": task.moved}
 
     async def close(self) -> None:
-        for task in self.moves.values():
-            task.cancel()
-        await asyncio.gather(*(t.task for t in self.moves.values() if t.task),
-                             return_exceptions=True)
+        await self.moves.close()
+
+
+def _task_running() -> SqsError:
+    return invalid("There is already a task running. Only one active task is allowed for "
+                   "each source queue arn at a given time.")
+
+
+def _handle(task: MoveTask) -> str:
+    """A task's handle: its queue and number (bound to the namespace it is read in)."""
+    raw = json.dumps({"q": task.dead, "n": task.seq}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _task_of_handle(handle: str) -> tuple[str, int] | None:
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(handle.encode()))
+        dead, seq = raw["q"], raw["n"]
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None
+    if not isinstance(dead, str) or not SQS_NAME.fullmatch(dead) or type(seq) is not int \
+            or not 0 < seq < 10**10:
+        return None
+    return dead, seq
+
+
+def _describe(t: MoveTask) -> dict[str, Any]:
+    out: dict[str, Any] = {"TaskHandle": _handle(t), "Status": t.status,
+                           "SourceArn": t.source_arn,
+                           "ApproximateNumberOfMessagesMoved": t.moved,
+                           "ApproximateNumberOfMessagesToMove": t.to_move,
+                           "StartedTimestamp": t.started_ms}
+    if t.destination_arn:
+        out["DestinationArn"] = t.destination_arn
+    if t.rate:
+        out["MaxNumberOfMessagesPerSecond"] = t.rate
+    if t.failure:
+        out["FailureReason"] = t.failure
+    return out
 
 
 def _entries(params: dict[str, Any], what: str) -> list[dict[str, Any]]:
@@ -621,76 +716,3 @@ def _entries(params: dict[str, Any], what: str) -> list[dict[str, Any]]:
 def _failure(entry_id: str, err: SqsError) -> dict[str, Any]:
     return {"Id": entry_id, "SenderFault": err.sender_fault, "Code": err.code,
             "Message": err.message}
-
-
-class MoveTask:
-    """A message move task: dead letters back to their source queues (okq's redrive),
-    or, with a destination, each moved there in the step that deletes it from the
-    dead-letter queue (complete-and-produce). Lives in the node that started it."""
-
-    def __init__(self, service: QueueService, dead: str, source_arn: str, target: str | None,
-                 destination_arn: str | None, rate: int | None, to_move: int) -> None:
-        self.service = service
-        self.dead = dead
-        self.source_arn = source_arn
-        self.target = target
-        self.destination_arn = destination_arn
-        self.rate = rate
-        self.to_move = to_move
-        self.moved = 0
-        self.status = "RUNNING"
-        self.failure: str | None = None
-        self.started_ms = int(time.time() * 1000)
-        raw = json.dumps({"task": f"{self.started_ms}-{id(self):x}", "source": source_arn})
-        self.handle = base64.urlsafe_b64encode(raw.encode()).decode()
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
-
-    def cancel(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.status = "CANCELLING"
-            self.task.cancel()
-
-    async def _run(self) -> None:
-        try:
-            while True:
-                batch = min(self.rate or 100, 100)
-                began = time.monotonic()
-                n = await (self._move_to_target(batch) if self.target else
-                           self.service.redrive(self.dead, batch))
-                self.moved += n
-                if n == 0:
-                    break
-                if self.rate:
-                    await asyncio.sleep(max(0.0, n / self.rate - (time.monotonic() - began)))
-            self.status = "COMPLETED"
-        except asyncio.CancelledError:
-            self.status = "CANCELLED"
-        except OkqError as exc:
-            self.status, self.failure = "FAILED", exc.message
-
-    async def _move_to_target(self, batch: int) -> int:
-        assert self.target is not None
-        items = await self.service.lease(self.dead, batch, lease_timeout=60)
-        for item in items:
-            meta = redriven_meta(item.meta, self.dead, item.id)
-            await self.service.engine.complete_and_produce(
-                item.token, self.target, [NewItem(item.payload, None, None, meta)],
-                queue=self.dead)
-        return len(items)
-
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"TaskHandle": self.handle, "Status": self.status,
-                               "SourceArn": self.source_arn,
-                               "ApproximateNumberOfMessagesMoved": self.moved,
-                               "ApproximateNumberOfMessagesToMove": self.to_move,
-                               "StartedTimestamp": self.started_ms}
-        if self.destination_arn:
-            out["DestinationArn"] = self.destination_arn
-        if self.rate:
-            out["MaxNumberOfMessagesPerSecond"] = self.rate
-        if self.failure:
-            out["FailureReason"] = self.failure
-        return out

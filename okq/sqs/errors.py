@@ -10,6 +10,7 @@ ERRORS: dict[str, tuple[str, int]] = {
     "QueueNameExists": ("QueueAlreadyExists", 400),
     "ReceiptHandleIsInvalid": ("ReceiptHandleIsInvalid", 400),
     "MessageNotInflight": ("AWS.SimpleQueueService.MessageNotInflight", 400),
+    "PurgeQueueInProgress": ("AWS.SimpleQueueService.PurgeQueueInProgress", 403),
     "TooManyEntriesInBatchRequest": ("AWS.SimpleQueueService.TooManyEntriesInBatchRequest", 400),
     "BatchEntryIdsNotDistinct": ("AWS.SimpleQueueService.BatchEntryIdsNotDistinct", 400),
     "EmptyBatchRequest": ("AWS.SimpleQueueService.EmptyBatchRequest", 400),

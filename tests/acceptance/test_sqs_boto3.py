@@ -336,7 +336,18 @@ def test_purge_queue(client: Client, name: Names) -> None:
     assert counts(client, url) == (0, 0, 0)
     assert receive(client, url, WaitTimeSeconds=1, MaxNumberOfMessages=10) == []
     client.send_message(QueueUrl=url, MessageBody="after")
+    with pytest.raises(client.exceptions.PurgeQueueInProgress):  # one purge in 60 s
+        client.purge_queue(QueueUrl=url)
     assert [m["Body"] for m in receive(client, url)] == ["after"]
+
+
+def test_receive_with_visibility_timeout_zero(client: Client, name: Names) -> None:
+    url = make_queue(client, name())
+    client.send_message(QueueUrl=url, MessageBody="peek")
+    (first,) = receive(client, url, VisibilityTimeout=0)
+    (again,) = receive(client, url, AttributeNames=["ApproximateReceiveCount"])
+    assert again["MessageId"] == first["MessageId"]
+    assert again["Attributes"]["ApproximateReceiveCount"] == "2"
 
 
 # -- sending --------------------------------------------------------------------------
@@ -631,6 +642,11 @@ def test_change_message_visibility(client: Client, name: Names) -> None:
     with pytest.raises(client.exceptions.MessageNotInflight):
         client.change_message_visibility(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"],
                                          VisibilityTimeout=10)
+    client.delete_message(QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
+    with pytest.raises(ClientError) as gone:  # deleted: SQS's answer for a message gone
+        client.change_message_visibility(QueueUrl=url, ReceiptHandle=again["ReceiptHandle"],
+                                         VisibilityTimeout=10)
+    assert error_code(gone) == "InvalidParameterValue"
     with pytest.raises(ClientError) as err:
         client.change_message_visibility(QueueUrl=url, ReceiptHandle=again["ReceiptHandle"],
                                          VisibilityTimeout=43_201)

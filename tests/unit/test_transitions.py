@@ -385,7 +385,7 @@ def _stale_situations() -> list[tuple[str, LeaseObject, int, str]]:
     o, v = leased_obj()
     tr.lease(o, [(0, 0)], NOW + LEASE_MS, LEASE_MS, 0)
     tr.complete(o, 0, v + 1)
-    out.append(("done by another delivery", o, v, "released and leased again"))
+    out.append(("done by another delivery", o, v, "already completed"))
     o, v = leased_obj()
     tr.retry(o, 0, v, NOW, None, True, None, 0)
     out.append(("dead pending", o, v, "being dead-lettered"))
