@@ -170,12 +170,12 @@ class Admin:
         return QueueInfo(m.queue, m.config, m.created_ms, len(m.segments), m.produced,
                          m.purged_ms)
 
-    async def purge(self, queue: str) -> None:
+    async def purge(self, queue: str, not_within: float = 0.0) -> None:
         """Drop every item: the manifest stops referencing the queue's segments, so
         nothing in them is leased again (the compactor deletes them). A late
         completion or renewal of an item leased before the purge still lands on its
         lease object and changes nothing visible."""
         q = self.rt.queue(queue)
         await self.rt.manifest(q, 0)
-        await q.manifest.update(Purge(new_request_id()).apply)
+        await q.manifest.update(Purge(new_request_id(), round(not_within * 1000)).apply)
         q.summaries.clear()

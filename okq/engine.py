@@ -132,9 +132,10 @@ class Engine:
     async def list_queues(self) -> list[str]:
         return await self.admin.list_queues()
 
-    async def purge(self, queue: str) -> None:
-        """Drop every item of the queue."""
-        await self.admin.purge(queue)
+    async def purge(self, queue: str, not_within: float = 0.0) -> None:
+        """Drop every item of the queue; PurgeInProgress when it was purged less than
+        ``not_within`` seconds ago."""
+        await self.admin.purge(queue, not_within)
 
     # -- items ------------------------------------------------------------------
     async def produce(self, queue: str, items: Sequence[NewItem | bytes]) -> list[str]:

@@ -20,6 +20,8 @@
     ├── LeaseLost                  stale, expired-and-released or finished lease (HTTP 409)
     ├── TaskLost                   a message move task is not in a state that allows
     │                              the change (ended, or run by another node) (HTTP 409)
+    ├── PurgeInProgress            a purge asked not to run within some time of the
+    │                              last one, which was later than that     (HTTP 409)
     ├── InvalidToken               forged, tampered or foreign lease token    (HTTP 400)
     ├── Unauthorized               missing or wrong API key                   (HTTP 401)
     ├── TooLarge                   payload, batch or body over a limit        (HTTP 413)
@@ -136,6 +138,13 @@ class TaskLost(OkqError):
     status = 409
 
 
+class PurgeInProgress(OkqError):
+    """The queue was purged too lately for a purge that asked for an interval."""
+
+    code = "purge_in_progress"
+    status = 409
+
+
 class InvalidToken(OkqError):
     code = "invalid_token"
     status = 400
@@ -205,6 +214,8 @@ ALL_ERRORS: tuple[type[OkqError], ...] = (
     QueueExists,
     QueueInUse,
     LeaseLost,
+    TaskLost,
+    PurgeInProgress,
     InvalidToken,
     Unauthorized,
     TooLarge,

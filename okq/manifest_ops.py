@@ -21,7 +21,14 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from okq.cell import Unchanged
-from okq.errors import InvalidRequest, OkqError, OutcomeUnknown, Overloaded, PublishAborted
+from okq.errors import (
+    InvalidRequest,
+    OkqError,
+    OutcomeUnknown,
+    Overloaded,
+    PublishAborted,
+    PurgeInProgress,
+)
 from okq.model import Manifest, QueueConfig, SegmentMeta
 
 
@@ -145,10 +152,17 @@ class Purge:
 
     name: ClassVar[str] = "purge"
     rq: str
+    #: Refuse (PurgeInProgress) when the last purge landed less than this long ago:
+    #: checked inside the CAS, so two purges racing through two nodes cannot both run.
+    not_within_ms: int = 0
 
     def apply(self, m: Manifest, now: int) -> Unchanged | None:
         if m.purge_rq == self.rq:
             return Unchanged()
+        if self.not_within_ms and m.purged_ms and now - m.purged_ms < self.not_within_ms:
+            raise PurgeInProgress(f"queue {m.queue!r} was purged {now - m.purged_ms} ms ago; "
+                                  f"the next purge may run {self.not_within_ms} ms after it",
+                                  queue=m.queue)
         m.purged.update({sm.id: sm.created_ms for sm in m.segments})
         m.segments, m.purge_rq, m.purged_ms = [], self.rq, now
         forget_purged(m)

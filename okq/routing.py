@@ -177,8 +177,9 @@ class RoutedService(QueueService):
             lambda: super(RoutedService, self).retry(queue, retries), check=check)
         return raw if isinstance(raw, RetryOutcome) else RetryOutcome(**raw)
 
-    async def purge(self, queue: str) -> None:
-        await self._routed(queue, "purge", dict, lambda: super(RoutedService, self).purge(queue))
+    async def purge(self, queue: str, not_within: float = 0.0) -> None:
+        await self._routed(queue, "purge", lambda: {"nw": not_within},
+                           lambda: super(RoutedService, self).purge(queue, not_within))
 
     async def update_queue(self, name: str, **changes: Any) -> QueueInfo:
         raw = await self._routed(name, "update_queue", lambda: {"changes": changes},
@@ -220,7 +221,7 @@ class RoutedService(QueueService):
 
     async def _run_admin(self, op: str, queue: str, args: dict[str, Any]) -> Any:
         if op == "purge":
-            return await QueueService.purge(self, queue)
+            return await QueueService.purge(self, queue, float(args.get("nw", 0.0)))
         if op == "update_queue":
             return _info_out(await QueueService.update_queue(self, queue, **args["changes"]))
         if op == "delete_queue":

@@ -229,8 +229,8 @@ class QueueService:
     async def stats(self, queue: str) -> QueueStats:
         return await self.engine.stats(queue)
 
-    async def purge(self, queue: str) -> None:
-        await self.engine.purge(queue)
+    async def purge(self, queue: str, not_within: float = 0.0) -> None:
+        await self.engine.purge(queue, not_within)
 
     async def create_queue(self, name: str, config: QueueConfig) -> QueueInfo:
         return await self.engine.create_queue(name, config)

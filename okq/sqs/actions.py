@@ -40,6 +40,7 @@ from okq.errors import (
     ObjectNotFound,
     OkqError,
     Overloaded,
+    PurgeInProgress,
     QueueExists,
     QueueInUse,
     QueueNotFound,
@@ -90,8 +91,8 @@ def sqs_errors() -> Iterator[None]:
     """okq's errors as SQS's."""
     try:
         yield
-    except LeaseLost:
-        raise  # each action decides what a lost lease answers
+    except (LeaseLost, PurgeInProgress):
+        raise  # each action decides what these answer
     except QueueNotFound:
         raise no_queue() from None
     except Overloaded as exc:
@@ -270,15 +271,15 @@ class SqsApi:
 
     async def do_PurgeQueue(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         """SQS allows one purge per queue in 60 s. The last purge's time is in the
-        queue's manifest, read fresh here, so every node of a fleet refuses alike."""
+        queue's manifest and checked inside the purge's own CAS, so every node of a
+        fleet refuses alike, and two purges racing through two nodes cannot both run."""
         queue = self.queue_of(call, params)
-        info = await self.info(call, queue)
-        since = call.service.now_ms() - info.purged_ms
-        if info.purged_ms and since < PURGE_INTERVAL_MS:
+        try:
+            with sqs_errors():
+                await call.service.purge(queue, not_within=PURGE_INTERVAL_MS / 1000)
+        except PurgeInProgress:
             raise SqsError("PurgeQueueInProgress", f"Only one PurgeQueue operation on {queue} "
-                           f"is allowed every {PURGE_INTERVAL_MS // 1000} seconds.")
-        with sqs_errors():
-            await call.service.purge(queue)
+                           f"is allowed every {PURGE_INTERVAL_MS // 1000} seconds.") from None
         return {}
 
     async def do_GetQueueAttributes(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:

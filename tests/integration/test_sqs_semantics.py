@@ -196,6 +196,19 @@ async def test_a_second_purge_within_60_seconds_is_refused_on_every_node(
     await a.PurgeQueue(QueueUrl=other)
 
 
+async def test_two_purges_racing_through_two_nodes_run_once(
+        nodes: tuple[Node, Node], clock: ManualClock) -> None:
+    """The interval is checked inside the purge's own CAS: of two purges sent at
+    once to two nodes, one runs and the other is PurgeQueueInProgress."""
+    a, b = nodes
+    url = await queue_url(a)
+    outcomes = await asyncio.gather(a.PurgeQueue(QueueUrl=url), b.PurgeQueue(QueueUrl=url),
+                                    return_exceptions=True)
+    refusals = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(refusals) == 1, outcomes
+    assert getattr(refusals[0], "code", "") == "AWS.SimpleQueueService.PurgeQueueInProgress"
+
+
 # -- message move tasks ---------------------------------------------------------------------
 
 
