@@ -429,7 +429,7 @@ NGINX_READ_TIMEOUT = 960
 #: ... to any other call of the native API, which answers within seconds: a node
 #: that accepts connections but does not answer (SIGSTOP) times out and is left out
 #: for ``fail_timeout``.
-NGINX_CALL_TIMEOUT = 10
+NGINX_CALL_TIMEOUT = 5
 #: ... to the SQS API (its long polls last up to 20 s), /health and /metrics.
 NGINX_SQS_TIMEOUT = 60
 

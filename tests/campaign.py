@@ -99,7 +99,7 @@ from tests.s3proxy import Rule, S3Proxy
 
 LEASE_TIMEOUT = 3.0  # seconds: the campaign's queues redeliver a lost lease quickly
 ROLE_TTL = 15.0  # a hung holder is found by pings within seconds; its lapse takes this long
-CLIENT_TIMEOUT = 15.0  # the load's okq clients: longer than nginx gives a call (10 s)
+CLIENT_TIMEOUT = 10.0  # the load's okq clients: longer than nginx gives a call (5 s)
 #: The nodes' and the compactor's S3 client timeout (okq.store: 30 s, not configurable):
 #: a "timeout" fault keeps the answer from them for longer than this.
 S3_CLIENT_TIMEOUT = 30.0
