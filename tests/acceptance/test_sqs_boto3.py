@@ -23,7 +23,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.nodes import Node
-from tests.sqs_support import STORES, sqs_client, sqs_node_on
+from tests.sqs_support import STORES, sqs_client, sqs_node_on, sqs_query_client
 
 STALE_HEADER = "x-okq-stale-receipt"
 
@@ -86,6 +86,12 @@ def node(request: pytest.FixtureRequest,
 @pytest.fixture(scope="module")
 def client(node: Node) -> Client:
     return sqs_client(node)
+
+
+@pytest.fixture(scope="module")
+def query_client(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Client:
+    """boto3 speaking SQS's query protocol (forms and XML), as older SDKs do."""
+    return sqs_query_client(node, tmp_path_factory.mktemp("sqs-query-model"))
 
 
 class Names:
@@ -807,4 +813,25 @@ def test_add_permission_is_unsupported(client: Client, name: Names) -> None:
     with pytest.raises(client.exceptions.UnsupportedOperation):
         client.add_permission(QueueUrl=url, Label="l", AWSAccountIds=["123456789012"],
                               Actions=["SendMessage"])
+
+
+
+# -- the query protocol through boto3 -------------------------------------------------
+
+
+def test_query_protocol_empty_results(client: Client, query_client: Client,
+                                      name: Names) -> None:
+    """Replies whose result has no members still carry their ``<Action>Result``
+    element: botocore's query parser needs it (a KeyError otherwise)."""
+    url = make_queue(query_client, name())
+    assert query_client.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages") is None
+    assert query_client.list_queues(QueueNamePrefix=name("none")).get("QueueUrls") is None
+    assert query_client.list_queue_tags(QueueUrl=url).get("Tags") is None
+    assert query_client.list_dead_letter_source_queues(QueueUrl=url).get("queueUrls") is None
+    assert query_client.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "RedrivePolicy"]).get("Attributes") is None
+    assert query_client.list_queues(QueueNamePrefix=name(""))["QueueUrls"] == [url]
+    client.send_message(QueueUrl=url, MessageBody="one")
+    (got,) = receive_all(query_client, url, 1)
+    assert got["Body"] == "one"
 

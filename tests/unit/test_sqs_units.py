@@ -183,6 +183,16 @@ def test_xml_reply_without_result() -> None:
     assert texts(root, "sqs:ResponseMetadata/sqs:RequestId") == ["rid-2"]
 
 
+@pytest.mark.parametrize("action", ["ReceiveMessage", "ListQueues", "ListQueueTags",
+                                    "GetQueueAttributes", "ListDeadLetterSourceQueues"])
+def test_xml_reply_of_an_empty_result_keeps_its_element(action: str) -> None:
+    """An action SQS models a result for answers ``<ActionResult/>`` when the result
+    is empty (botocore's query parser looks the element up by name)."""
+    root = parse(xml_reply(action, {}, "r"), f"{action}Response")
+    (result,) = root.findall(f"sqs:{action}Result", NS)
+    assert list(result) == [] and not (result.text or "").strip()
+
+
 def test_xml_reply_of_lists_and_maps() -> None:
     root = parse(xml_reply("ListQueues", {"QueueUrls": ["http://h/a", "http://h/b"]}, "r"),
                  "ListQueuesResponse")
@@ -427,3 +437,4 @@ def test_select(names: list[str], expected: set[str]) -> None:
     assert set(select(ATTRS, names)) == expected
     assert all(select(ATTRS, names)[k] is ATTRS[k] for k in expected)
     assert select({}, names) == {}
+
