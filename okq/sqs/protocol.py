@@ -192,9 +192,16 @@ def _xml_member(action: str, key: str, value: Any) -> str:
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
+#: Characters a parser would not give back as sent: XML normalises a raw carriage
+#: return (and CR LF) to a line feed, so it is written as a character reference, as
+#: SQS writes it.
+_REFERENCES = {"\r": "&#xD;"}
+
+
 def escape(text: str) -> str:
-    """``text`` as XML character data: escaped, and what XML cannot hold replaced."""
-    return _escape(_NOT_XML.sub("\ufffd", text))
+    """``text`` as XML character data: escaped (a carriage return as ``&#xD;``, which
+    a parser gives back as sent), and what XML cannot hold replaced."""
+    return _escape(_NOT_XML.sub("\ufffd", text), _REFERENCES)
 
 
 def _xml_element(name: str, value: Any) -> str:

@@ -835,3 +835,30 @@ def test_query_protocol_empty_results(client: Client, query_client: Client,
     (got,) = receive_all(query_client, url, 1)
     assert got["Body"] == "one"
 
+
+#: Bodies whose characters XML normalises when written raw (CR and CR LF become LF),
+#: beside tabs and line feeds, which must come back as sent too.
+LINE_ENDS = ["cr\rinside", "crlf\r\nend", "\r", "\r\r\n\n", "tab\there", "lf\nend",
+             " \t\r\n edges \n\r\t "]
+
+
+def test_line_ends_round_trip_over_the_query_protocol(query_client: Client,
+                                                       name: Names) -> None:
+    """Bodies and message attribute values keep every CR, LF and tab, and their
+    digests match, through botocore's query protocol (form in, XML out)."""
+    url = make_queue(query_client, name())
+    for i, body in enumerate(LINE_ENDS):
+        attributes = {"text": {"DataType": "String", "StringValue": body},
+                      "n": {"DataType": "Number", "StringValue": str(i)}}
+        sent = query_client.send_message(QueueUrl=url, MessageBody=body,
+                                         MessageAttributes=attributes)
+        assert sent["MD5OfMessageBody"] == ref_md5_body(body)
+        assert sent["MD5OfMessageAttributes"] == ref_md5_attributes(attributes)
+    got = receive_all(query_client, url, len(LINE_ENDS), MessageAttributeNames=["All"])
+    assert sorted(m["Body"] for m in got) == sorted(LINE_ENDS)
+    for message in got:
+        assert message["MD5OfBody"] == ref_md5_body(message["Body"])
+        attributes = message["MessageAttributes"]
+        assert attributes["text"]["StringValue"] == message["Body"]
+        assert message["MD5OfMessageAttributes"] == ref_md5_attributes(attributes)
+

@@ -193,6 +193,22 @@ def test_xml_reply_of_an_empty_result_keeps_its_element(action: str) -> None:
     assert list(result) == [] and not (result.text or "").strip()
 
 
+#: Text XML would not give back as written raw: CR and CR LF read as LF.
+LINE_ENDS = ["a\rb", "\r\n", "\r", "x\r\r\ny", "\t\n\r", " \r "]
+
+
+@pytest.mark.parametrize("body", LINE_ENDS)
+def test_xml_reply_keeps_carriage_returns(body: str) -> None:
+    message = {"MessageId": "m", "Body": body,
+               "MessageAttributes": {"a": {"DataType": "String", "StringValue": body}}}
+    raw = xml_reply("ReceiveMessage", {"Messages": [message]}, "r")
+    assert b"\r" not in raw and b"&#xD;" in raw
+    root = parse(raw, "ReceiveMessageResponse")
+    assert texts(root, "sqs:ReceiveMessageResult/sqs:Message/sqs:Body") == [body]
+    assert texts(root, "sqs:ReceiveMessageResult/sqs:Message/sqs:MessageAttribute/"
+                       "sqs:Value/sqs:StringValue") == [body]
+
+
 def test_xml_reply_of_lists_and_maps() -> None:
     root = parse(xml_reply("ListQueues", {"QueueUrls": ["http://h/a", "http://h/b"]}, "r"),
                  "ListQueuesResponse")
