@@ -336,7 +336,7 @@ class SqsApi:
         item, reply, _ = self._new_item(call, info, params)
         with sqs_errors():
             ids = await call.service.produce(queue, [item])
-        return {**reply, "MessageId": ids[0]}
+        return {**reply, "MessageId": msg.message_id(ids[0])}
 
     async def do_SendMessageBatch(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         queue = self.queue_of(call, params)
@@ -362,7 +362,7 @@ class SqsApi:
             with sqs_errors():
                 ids = await call.service.produce(queue, items)
             for reply, item_id in zip(replies, ids, strict=True):
-                reply["MessageId"] = item_id
+                reply["MessageId"] = msg.message_id(item_id)
         return {"Successful": replies, "Failed": failed}
 
     def _new_item(self, call: Call, info: QueueInfo,
@@ -429,7 +429,7 @@ class SqsApi:
         body = item.payload.decode("utf-8", "replace")
         kept = msg.stored(item.meta)
         origin = item_origin(item.meta)  # a moved message keeps its first id
-        out: dict[str, Any] = {"MessageId": origin[0] if origin else item.id,
+        out: dict[str, Any] = {"MessageId": msg.message_id(origin[0] if origin else item.id),
                                "ReceiptHandle": item.token,
                                "MD5OfBody": msg.md5_of_body(body), "Body": body}
         attributes = self._system_attributes(call, item, kept, system)

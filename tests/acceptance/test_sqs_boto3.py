@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import struct
 import threading
 import time
@@ -861,4 +862,54 @@ def test_line_ends_round_trip_over_the_query_protocol(query_client: Client,
         attributes = message["MessageAttributes"]
         assert attributes["text"]["StringValue"] == message["Body"]
         assert message["MD5OfMessageAttributes"] == ref_md5_attributes(attributes)
+
+
+# -- message ids ------------------------------------------------------------------------
+
+UUID_SHAPE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def test_message_ids_serve_as_batch_entry_ids(client: Client, query_client: Client,
+                                             name: Names) -> None:
+    """MessageIds are UUID-shaped, unique and the same on every receive, so the
+    common ``Id=MessageId`` works in both batch actions, in both protocols."""
+    url = make_queue(client, name())
+    sent = client.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": f"m{i}", "MessageBody": f"body {i}"} for i in range(6)])["Successful"]
+    one = client.send_message(QueueUrl=url, MessageBody="body 6")["MessageId"]
+    ids = sorted([s["MessageId"] for s in sent] + [one])
+    assert len(set(ids)) == 7 and all(UUID_SHAPE.fullmatch(i) for i in ids), ids
+    first = receive_all(client, url, 7, VisibilityTimeout=30)
+    assert sorted(m["MessageId"] for m in first) == ids
+    back = client.change_message_visibility_batch(QueueUrl=url, Entries=[
+        {"Id": m["MessageId"], "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+        for m in first])
+    assert (sorted(s["Id"] for s in back["Successful"]), back.get("Failed", [])) == (ids, [])
+    again = receive_all(query_client, url, 7, VisibilityTimeout=30)
+    assert sorted(m["MessageId"] for m in again) == ids  # stable across receives
+    done = query_client.delete_message_batch(QueueUrl=url, Entries=[
+        {"Id": m["MessageId"], "ReceiptHandle": m["ReceiptHandle"]} for m in again])
+    assert (sorted(s["Id"] for s in done["Successful"]), done.get("Failed", [])) == (ids, [])
+    assert counts(client, url) == (0, 0, 0)
+
+
+def test_message_id_survives_dead_letters_and_a_move_back(client: Client,
+                                                         name: Names) -> None:
+    source, dlq, dlq_arn = redrive_pair(client, name, 1)
+    sent = client.send_message(QueueUrl=source, MessageBody="moved")["MessageId"]
+    assert UUID_SHAPE.fullmatch(sent)
+    (first,) = receive(client, source)
+    client.change_message_visibility(QueueUrl=source, ReceiptHandle=first["ReceiptHandle"],
+                                     VisibilityTimeout=0)
+    (dead,) = receive_all(client, dlq, 1, timeout=5)
+    assert (first["MessageId"], dead["MessageId"]) == (sent, sent)
+    client.change_message_visibility(QueueUrl=dlq, ReceiptHandle=dead["ReceiptHandle"],
+                                     VisibilityTimeout=0)
+    wait_for_task(client, dlq_arn, client.start_message_move_task(SourceArn=dlq_arn)[
+        "TaskHandle"])
+    (back,) = receive_all(client, source, 1, timeout=5)
+    assert back["MessageId"] == sent
+    client.delete_message_batch(QueueUrl=source, Entries=[
+        {"Id": back["MessageId"], "ReceiptHandle": back["ReceiptHandle"]}])
+    assert counts(client, source) == (0, 0, 0)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,7 +26,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from okq.sqs.auth import Caller, Signed, canonical_path, canonical_query, verify
 from okq.sqs.errors import SqsError
-from okq.sqs.messages import Attribute, md5_of_attributes, select
+from okq.sqs.messages import Attribute, md5_of_attributes, message_id, select
 from okq.sqs.protocol import from_query, json_error, xml_error, xml_reply
 
 NS = {"sqs": "http://queue.amazonaws.com/doc/2012-11-05/"}
@@ -454,3 +455,22 @@ def test_select(names: list[str], expected: set[str]) -> None:
     assert all(select(ATTRS, names)[k] is ATTRS[k] for k in expected)
     assert select({}, names) == {}
 
+
+# -- message ids -------------------------------------------------------------------------
+
+
+def test_message_id_is_a_uuid_of_the_item_id() -> None:
+    """The item id's hex digits, the index in ten of them: unique, stable, and a
+    valid batch entry id."""
+    assert message_id("01a234fd5fe4-a5d80f0b77.0") == "01a234fd-5fe4-a5d8-0f0b-770000000000"
+    assert message_id("01a234fd5fe4-a5d80f0b77.4660") == "01a234fd-5fe4-a5d8-0f0b-770000001234"
+    ids = {message_id(f"01a234fd5fe4-a5d80f0b77.{n}") for n in range(1000)} | \
+        {message_id(f"01a234fd5fe4-a5d80f0b78.{n}") for n in range(1000)}
+    assert len(ids) == 2000
+    assert all(str(uuid.UUID(i)) == i and len(i) == 36 for i in ids)
+
+
+def test_message_id_of_an_unknown_form_is_still_a_uuid() -> None:
+    odd = [message_id(i) for i in ("not-an-item", "01a234fd5fe4-a5d80f0b77.99999999999999")]
+    assert all(str(uuid.UUID(i)) == i for i in odd) and odd[0] != odd[1]
+    assert message_id("not-an-item") == odd[0]
