@@ -165,9 +165,12 @@ class SqsApi:
 
     # -- queues --------------------------------------------------------------------------
     def queue_of(self, call: Call, params: dict[str, Any]) -> str:
-        """The queue a ``QueueUrl`` names (any host: the path is /<namespace>/<queue>)."""
+        """The queue a ``QueueUrl`` names (any host: the path is /<namespace>/<queue>),
+        or a bare queue name, which SQS also accepts as a QueueUrl."""
         url = _str(params, "QueueUrl")
         path = re.sub(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/]*", "", url).strip("/").split("/")
+        if len(path) == 1 and path[0] and "/" not in url:
+            return path[0]
         if len(path) != 2 or path[0] != call.names.namespace or not path[1]:
             raise no_queue()
         return path[1]

@@ -913,3 +913,24 @@ def test_message_id_survives_dead_letters_and_a_move_back(client: Client,
         {"Id": back["MessageId"], "ReceiptHandle": back["ReceiptHandle"]}])
     assert counts(client, source) == (0, 0, 0)
 
+
+# -- a queue name as QueueUrl -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["json", "query"])
+def test_bare_queue_name_as_queue_url(client: Client, query_client: Client, name: Names,
+                                      protocol: str) -> None:
+    """SQS accepts a queue's name where its URL is asked for."""
+    sqs = client if protocol == "json" else query_client
+    queue = name()
+    make_queue(client, queue)
+    sqs.send_message(QueueUrl=queue, MessageBody="by name")
+    (got,) = receive_all(sqs, queue, 1)
+    assert got["Body"] == "by name"
+    assert sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"].endswith(f":{queue}")
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=got["ReceiptHandle"])
+    with pytest.raises(ClientError) as err:
+        sqs.send_message(QueueUrl=name("missing"), MessageBody="x")
+    assert error_code(err) == "AWS.SimpleQueueService.NonExistentQueue"
+
