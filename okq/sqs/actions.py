@@ -70,6 +70,7 @@ class Call:
     names: Names
     access_key: str | None
     stale_deletes: int = 0  # deletes answered with success although the lease was lost
+    trace: str | None = None  # the request's X-Amzn-Trace-Id: a send's AWSTraceHeader
     gone: Callable[[], bool] = field(default=lambda: False)  # the client hung up
 
 
@@ -388,8 +389,8 @@ class SqsApi:
             meta["sender"] = call.access_key
         if attributes:
             meta["attrs"] = {k: a.keep() for k, a in attributes.items()}
-        if system:
-            meta["trace"] = system["AWSTraceHeader"].value
+        if system or call.trace:  # the message's own AWSTraceHeader wins over the header
+            meta["trace"] = system["AWSTraceHeader"].value if system else call.trace
         key = None
         for param, short in (("MessageGroupId", "group"), ("MessageDeduplicationId", "dedup")):
             value = params.get(param)

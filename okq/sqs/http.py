@@ -22,6 +22,7 @@ from aiohttp import web
 from okq.errors import OkqError
 from okq.service import QueueService
 from okq.settings import Settings
+from okq.sqs import messages as msg
 from okq.sqs import protocol as proto
 from okq.sqs.actions import Call, SqsApi
 from okq.sqs.auth import Caller, Signed, verify
@@ -113,7 +114,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         handler = front.api.action(action)
         call = Call(await front.service(caller), front.names(request, caller.namespace),
                     caller.access_key,
-                    gone=lambda: request.transport is None or request.transport.is_closing())
+                    gone=lambda: request.transport is None or request.transport.is_closing(),
+                    trace=msg.trace_header(request.headers.get("X-Amzn-Trace-Id")))
         result = await handler(call, params)
     except SqsError as err:
         front.count(action, err.code)

@@ -70,6 +70,15 @@ class Attribute:
         return cls(data_type, value)
 
 
+def trace_header(value: str | None) -> str | None:
+    """A request's ``X-Amzn-Trace-Id``, kept as its sends' ``AWSTraceHeader``; None
+    when absent, empty or holding what SQS does not allow in a value (a load balancer
+    may add the header: a send is not refused for it)."""
+    if not value or _BAD_CHARS.search(value):
+        return None
+    return value
+
+
 def check_body(body: Any, max_size: int) -> str:
     if body is None:
         raise SqsError("MissingParameter", "The request must contain the parameter MessageBody.")

@@ -934,3 +934,38 @@ def test_bare_queue_name_as_queue_url(client: Client, query_client: Client, name
         sqs.send_message(QueueUrl=name("missing"), MessageBody="x")
     assert error_code(err) == "AWS.SimpleQueueService.NonExistentQueue"
 
+
+# -- X-Amzn-Trace-Id --------------------------------------------------------------------
+
+
+def with_trace_header(sqs: Client, value: str) -> Client:
+    """``sqs`` with ``X-Amzn-Trace-Id: value`` on every request (as the X-Ray SDK and
+    AWS load balancers add it)."""
+    def add(request: Any, **_: Any) -> None:
+        request.headers["X-Amzn-Trace-Id"] = value
+
+    sqs.meta.events.register_first("before-sign.sqs.*", add)
+    return sqs
+
+
+def test_trace_header_becomes_aws_trace_header(node: Node, name: Names) -> None:
+    traced = with_trace_header(sqs_client(node), "Root=1-5759e988-bd862e3fe1be46a994272793")
+    url = make_queue(traced, name())
+    plain = traced.send_message(QueueUrl=url, MessageBody="from header")
+    assert "MD5OfMessageSystemAttributes" not in plain  # none was sent as an attribute
+    own = {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1-own"}}
+    sent = traced.send_message(QueueUrl=url, MessageBody="own attribute",
+                               MessageSystemAttributes=own)
+    assert sent["MD5OfMessageSystemAttributes"] == ref_md5_attributes(own)
+    traced.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": "a", "MessageBody": "batch header"},
+        {"Id": "b", "MessageBody": "batch own", "MessageSystemAttributes": own}])
+    got = receive_all(traced, url, 4, AttributeNames=["AWSTraceHeader"])
+    assert {m["Body"]: m["Attributes"]["AWSTraceHeader"] for m in got} == {
+        "from header": "Root=1-5759e988-bd862e3fe1be46a994272793",
+        "own attribute": "Root=1-own", "batch header": "Root=1-5759e988-bd862e3fe1be46a994272793",
+        "batch own": "Root=1-own"}
+    client = sqs_client(node)
+    client.send_message(QueueUrl=url, MessageBody="untraced")
+    (untraced,) = receive_all(client, url, 1, AttributeNames=["All"])
+    assert "AWSTraceHeader" not in untraced["Attributes"]

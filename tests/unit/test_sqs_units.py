@@ -26,7 +26,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from okq.sqs.auth import Caller, Signed, canonical_path, canonical_query, verify
 from okq.sqs.errors import SqsError
-from okq.sqs.messages import Attribute, md5_of_attributes, message_id, select
+from okq.sqs.messages import Attribute, md5_of_attributes, message_id, select, trace_header
 from okq.sqs.protocol import from_query, json_error, xml_error, xml_reply
 
 NS = {"sqs": "http://queue.amazonaws.com/doc/2012-11-05/"}
@@ -474,3 +474,9 @@ def test_message_id_of_an_unknown_form_is_still_a_uuid() -> None:
     odd = [message_id(i) for i in ("not-an-item", "01a234fd5fe4-a5d80f0b77.99999999999999")]
     assert all(str(uuid.UUID(i)) == i for i in odd) and odd[0] != odd[1]
     assert message_id("not-an-item") == odd[0]
+
+
+def test_trace_header_is_kept_only_when_sqs_could_keep_it() -> None:
+    assert trace_header("Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1") == \
+        "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1"
+    assert [trace_header(v) for v in (None, "", "Root=\x00", "Root=\udcff")] == [None] * 4
