@@ -898,8 +898,8 @@ def _auth_signed_header(rng: random.Random, req: sqs_auth.Signed) -> AuthCase:
     name = rng.choice(["Host", "Content-Type", "X-Amz-Target"])
     old = req.headers.get(name)
     new = None if rng.random() < 0.2 else r_text(rng, 30, HEADER_CHARS)
-    if name.lower() not in _signed_headers(req):
-        same = True
+    if name.lower() not in _signed_headers(req):  # an unsigned X-Amz-Target is refused
+        same = new is None or name != "X-Amz-Target"
     else:
         same = new is not None and old is not None and old.split() == new.split()
     return AuthCase(signed_with_header(req, name, new), same, f"{name} changed")

@@ -25,7 +25,7 @@ from okq.settings import Settings
 from okq.sqs import messages as msg
 from okq.sqs import protocol as proto
 from okq.sqs.actions import Call, SqsApi
-from okq.sqs.auth import Caller, Signed, verify
+from okq.sqs.auth import PRESIGN_PARAMS, Caller, Signed, verify
 from okq.sqs.errors import SqsError
 from okq.sqs.queues import Names
 
@@ -163,7 +163,8 @@ def _parse(request: web.Request, body: bytes, json_protocol: bool) -> tuple[str,
     else:
         try:
             text = body.decode() if body else ""
-            pairs = parse_qsl(request.query_string, keep_blank_values=True) + \
+            pairs = [(k, v) for k, v in parse_qsl(request.query_string, keep_blank_values=True)
+                     if k not in PRESIGN_PARAMS] + \
                 parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text))
         except (UnicodeDecodeError, ValueError):
             raise SqsError("MalformedQueryString", "the body is not a form of "

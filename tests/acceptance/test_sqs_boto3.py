@@ -16,6 +16,7 @@ import re
 import struct
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -969,3 +970,22 @@ def test_trace_header_becomes_aws_trace_header(node: Node, name: Names) -> None:
     client.send_message(QueueUrl=url, MessageBody="untraced")
     (untraced,) = receive_all(client, url, 1, AttributeNames=["All"])
     assert "AWSTraceHeader" not in untraced["Attributes"]
+
+
+# -- presigned URLs ---------------------------------------------------------------------
+
+
+def test_generate_presigned_url(client: Client, query_client: Client, name: Names) -> None:
+    """URLs from boto3's own presigner (query protocol), fetched by a plain HTTP GET."""
+    url = make_queue(client, name())
+    send = query_client.generate_presigned_url(
+        "send_message", Params={"QueueUrl": url, "MessageBody": "by presigned URL"},
+        ExpiresIn=60, HttpMethod="GET")
+    with urllib.request.urlopen(send, timeout=10) as reply:
+        assert reply.status == 200 and b"<MessageId>" in reply.read()
+    (got,) = receive_all(client, url, 1)
+    assert got["Body"] == "by presigned URL"
+    listed = query_client.generate_presigned_url(
+        "list_queues", Params={"QueueNamePrefix": name("")}, ExpiresIn=60, HttpMethod="GET")
+    with urllib.request.urlopen(listed, timeout=10) as reply:
+        assert url.encode() in reply.read()

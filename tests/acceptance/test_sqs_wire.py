@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-from botocore.auth import SigV4Auth
+from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
@@ -579,6 +579,71 @@ def test_refused_signature(seeded: Seeded, protocol: str, case: str) -> None:
     message = assert_error(post(sign(intruder(seeded, protocol))), protocol, 403, shape)
     if case.startswith("20-minutes"):
         assert "signature expired" in message.lower(), message
+    seeded.assert_untouched()
+
+
+def presign(url: str, form: list[tuple[str, str]], *, method: str = "GET",
+            expires: int = 300, secret: str = SECRET_KEY) -> Req:
+    """A query-protocol request presigned by botocore's SigV4QueryAuth (the signer of
+    generate_presigned_url): everything in the URL, no body."""
+    aws = AWSRequest(method, url, params=dict(form))
+    SigV4QueryAuth(Credentials(ACCESS_KEY, secret), "sqs", REGION, expires=expires
+                   ).add_auth(aws)
+    return Req(aws.prepare().url, b"", {})
+
+
+def send(req: Req, method: str) -> Reply:
+    request = urllib.request.Request(req.url, data=req.body if method == "POST" else None,
+                                     headers=req.headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return Reply(resp.status, resp.headers, resp.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return Reply(err.code, err.headers, err.read())
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_presigned_urls(seeded: Seeded, method: str) -> None:
+    """A presigned query-protocol request is accepted as a signed one, on the service
+    endpoint and on a queue URL; one of another key or changed after signing is not."""
+    body = f"presigned {method} + & = é"
+    sent = send(presign(f"{seeded.node.url}/", [
+        ("Action", "SendMessage"), ("QueueUrl", seeded.url), ("MessageBody", body),
+        ("Version", "2012-11-05")], method=method), method)
+    assert sent.status == 200, sent.body
+    assert text(sent.xml("SendMessageResponse"), "SendMessageResult/MD5OfMessageBody") == md5(body)
+    got = send(presign(seeded.url, [("Action", "ReceiveMessage"),
+                                    ("MaxNumberOfMessages", "10")], method=method), method)
+    assert got.status == 200, got.body
+    bodies = [text(m, "Body") for m in find(got.xml("ReceiveMessageResponse"),
+                                              "ReceiveMessageResult/Message")]
+    assert sorted(bodies) == sorted(["seed", body])
+
+
+def test_presigned_url_refusals(seeded: Seeded) -> None:
+    form = [("Action", "SendMessage"), ("QueueUrl", seeded.url), ("MessageBody", "intruder")]
+    good = presign(f"{seeded.node.url}/", form)
+    refusals = {
+        "tampered": (replace(good, url=good.url.replace("intruder", "intrudes")),
+                     403, "SignatureDoesNotMatch"),
+        "extra-parameter": (replace(good, url=good.url + "&DelaySeconds=5"),
+                            403, "SignatureDoesNotMatch"),
+        "wrong-secret": (presign(f"{seeded.node.url}/", form, secret="not-the-secret"),
+                         403, "SignatureDoesNotMatch"),
+        "no-signature": (replace(good, url=good.url.rsplit("&X-Amz-Signature=", 1)[0]),
+                         400, "IncompleteSignature"),
+    }
+    for case, (req, status, code) in refusals.items():
+        reply = send(req, "GET")
+        assert reply.status == status, (case, reply.body)
+        assert text(reply.xml("ErrorResponse"), "Error/Code") == code, case
+    assert send(good, "POST").status == 403  # signed for GET: the method is signed too
+    short = presign(f"{seeded.node.url}/", form, expires=1)
+    time.sleep(2.1)
+    expired = send(short, "GET")
+    assert expired.status == 400, expired.body
+    assert text(expired.xml("ErrorResponse"), "Error/Code") == "RequestExpired"
     seeded.assert_untouched()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from botocore.auth import SigV4Auth
+from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -369,6 +369,96 @@ def test_verify_refuses_a_request_dated_over_15_minutes_away() -> None:
     for skew in (16 * 60, -16 * 60):
         err = refusal(req, now=time.time() + skew)
         assert err.code == "SignatureDoesNotMatch" and "expired" in err.message.lower()
+
+
+# -- presigned URLs (Signature Version 4 in the query string) -------------------------
+
+
+def presigned(url: str = f"http://{HOST}/default/q", *, method: str = "GET",
+              params: dict[str, str] | None = None, expires: int = 60,
+              secret: str = SECRET, sign_payload: bool = True) -> Signed:
+    """A request presigned by botocore's SigV4QueryAuth (what generate_presigned_url
+    uses), as the node receives it: the signature in the query string, no body."""
+    request = AWSRequest(method, url, params=params if params is not None else {
+        "Action": "ReceiveMessage", "MaxNumberOfMessages": "2", "Note": "a+b &c=d é/~"})
+    request.context["payload_signing_enabled"] = sign_payload
+    SigV4QueryAuth(Credentials(AKID, secret), "sqs", "us-east-1", expires=expires
+                   ).add_auth(request)
+    prepared = request.prepare()
+    parts = urlsplit(prepared.url)
+    assert "X-Amz-Signature=" in parts.query and "Authorization" not in prepared.headers
+    return Signed(method, parts.path, parts.query,
+                  CIMultiDictProxy(CIMultiDict({"Host": parts.netloc})), prepared.body or b"")
+
+
+def test_verify_accepts_presigned_urls() -> None:
+    for req in (presigned(), presigned(method="POST"),
+                presigned(f"https://{HOST}/", sign_payload=False),  # UNSIGNED-PAYLOAD
+                presigned(params={"Action": "ListQueues"})):
+        assert verify(req, KEYS, unsigned_namespace=None) == Caller(AKID, "default")
+
+
+def test_verify_refuses_a_changed_presigned_url() -> None:
+    req = presigned()
+    sig = req.raw_query.rsplit("X-Amz-Signature=", 1)[1]
+    other = "0" * 64 if sig != "0" * 64 else "1" * 64
+    altered = [
+        changed(req, raw_query=req.raw_query.replace("MaxNumberOfMessages=2",
+                                                     "MaxNumberOfMessages=9")),
+        changed(req, raw_query=req.raw_query + "&QueueUrl=other"),
+        changed(req, raw_query=req.raw_query.replace("X-Amz-Expires=60", "X-Amz-Expires=600")),
+        changed(req, raw_query=req.raw_query.replace(sig, other)),
+        changed(req, raw_path="/default/other"),
+        changed(req, method="POST"),
+        changed(req, body=b"Action=DeleteQueue"),  # a body the URL did not sign
+        with_header(req, "Host", "127.0.0.2:9324"),
+    ]
+    for n, bad in enumerate(altered):
+        assert refusal(bad).code == "SignatureDoesNotMatch", n
+    assert refusal(presigned(secret="not-the-secret")).code == "SignatureDoesNotMatch"
+    assert refusal(presigned(), {"AKIDOTHER": (SECRET, "default")}).code == \
+        "InvalidClientTokenId"
+
+
+def test_verify_refuses_an_expired_presigned_url() -> None:
+    req = presigned(expires=60)
+    assert verify(req, KEYS, unsigned_namespace=None, now=time.time() + 55).access_key
+    err = refusal(req, now=time.time() + 65)
+    assert (err.code, err.status) == ("RequestExpired", 400) and "expired" in err.message
+    # a URL may last long, but not be dated in the future beyond the allowed skew
+    long = presigned(expires=7 * 24 * 3600)
+    assert verify(long, KEYS, unsigned_namespace=None, now=time.time() + 6 * 24 * 3600)
+    assert refusal(long, now=time.time() - 16 * 60).code == "SignatureDoesNotMatch"
+
+
+@pytest.mark.parametrize(("change", "code"), [
+    (lambda q: q.replace("X-Amz-Expires=60", "X-Amz-Expires=604801"), "IncompleteSignature"),
+    (lambda q: q.replace("X-Amz-Expires=60", "X-Amz-Expires=-5"), "IncompleteSignature"),
+    (lambda q: q.replace("X-Amz-Algorithm=AWS4-HMAC-SHA256", "X-Amz-Algorithm=AWS4-HMAC-SHA1"),
+     "IncompleteSignature"),
+    (lambda q: "&".join(p for p in q.split("&") if not p.startswith("X-Amz-Date=")),
+     "IncompleteSignature"),
+    (lambda q: q + "&X-Amz-Signature=" + "0" * 64, "IncompleteSignature"),  # repeated
+    (lambda q: "&".join(p for p in q.split("&") if not p.startswith("X-Amz-SignedHeaders")) +
+     "&X-Amz-SignedHeaders=user-agent", "IncompleteSignature"),  # host not signed
+])
+def test_verify_refuses_a_malformed_presigned_url(change: Any, code: str) -> None:
+    req = presigned()
+    assert refusal(changed(req, raw_query=change(req.raw_query))).code == code
+
+
+def test_verify_refuses_a_request_signed_both_ways() -> None:
+    req = presigned()
+    header = botocore_signed().headers["Authorization"]
+    assert refusal(with_header(req, "Authorization", header)).code == "IncompleteSignature"
+
+
+def test_verify_needs_the_action_header_signed() -> None:
+    """X-Amz-Target names the JSON protocol's action: it must be under the signature."""
+    req = with_header(presigned(method="POST"), "X-Amz-Target", "AmazonSQS.DeleteQueue")
+    assert refusal(req).code == "IncompleteSignature"
+    added = with_header(botocore_signed(), "X-Amz-Target", "AmazonSQS.DeleteQueue")
+    assert refusal(added).code == "IncompleteSignature"
 
 
 PATHS = ["/", "/default/q", "/a/./b/../c", "//a//b/", "/a%20b", "/a b", "/..", "/a/",
