@@ -54,6 +54,10 @@ class SqsFrontEnd:
         self.api = SqsApi(settings.max_item_bytes)
         self.stale_deletes = 0
         self.answers: dict[tuple[str, str], int] = {}  # (action, code) -> count
+        if self.unsigned_namespace is not None:
+            log.warning("--sqs-unsigned: the SQS API accepts unsigned requests, acting with "
+                        "every right in namespace %r: for local development only",
+                        self.unsigned_namespace)
         if not self.keys and self.unsigned_namespace is None:
             log.info("the SQS API is on but no --sqs-keys are set: it refuses every request")
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -722,6 +725,20 @@ def test_sqs_unsigned_accepts_unsigned_requests(unsigned_node: Node, node: Node)
     refused = post(replace(create, url=f"{node.url}/"))
     assert_error(refused, "query", 403, "MissingAuthenticationToken")
     assert list_queues(node) == before
+
+
+def test_sqs_unsigned_with_api_keys_is_refused_at_start(tmp_path: Path) -> None:
+    """``okq serve --sqs-unsigned --require-api-keys`` would let any unsigned SQS
+    request act with every right in the namespace while /v1 asks for a key: it does
+    not start, and says why."""
+    done = subprocess.run(
+        [sys.executable, "-m", "okq.cli", "serve", "--store", f"file://{tmp_path / 'data'}",
+         "--port", "0", "--sqs-unsigned", "--require-api-keys"],
+        capture_output=True, text=True, timeout=30, env={**os.environ,
+                                                         "OKQ_SIGNING_KEYS": "k" * 32})
+    assert done.returncode != 0
+    assert "--sqs-unsigned cannot go with --api-keys or --require-api-keys" in done.stderr
+    assert "--sqs-keys" in done.stderr
 
 
 def test_no_sqs_node_serves_no_sqs(tmp_path: Path) -> None:

@@ -23,7 +23,9 @@ from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from multidict import CIMultiDict, CIMultiDictProxy
+from pydantic import ValidationError
 
+from okq.settings import Settings
 from okq.sqs.auth import Caller, Signed, canonical_path, canonical_query, verify
 from okq.sqs.errors import SqsError
 from okq.sqs.messages import Attribute, md5_of_attributes, message_id, select, trace_header
@@ -570,3 +572,18 @@ def test_trace_header_is_kept_only_when_sqs_could_keep_it() -> None:
     assert trace_header("Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1") == \
         "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1"
     assert [trace_header(v) for v in (None, "", "Root=\x00", "Root=\udcff")] == [None] * 4
+
+
+# -- --sqs-unsigned ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keys", [{"require_api_keys": True}, {"api_keys": "operator-key"}])
+def test_sqs_unsigned_is_refused_where_api_keys_are_asked(keys: dict[str, Any]) -> None:
+    """Unsigned SQS requests act with every right in the namespace: beside API keys
+    they would walk round them, so the settings refuse the pair, naming both."""
+    with pytest.raises(ValidationError) as err:
+        Settings(store="memory://", sqs_unsigned=True, **keys)
+    assert "--sqs-unsigned cannot go with --api-keys or --require-api-keys" in str(err.value)
+    assert Settings(store="memory://", sqs_unsigned=True).sqs_unsigned  # alone: allowed
+    assert Settings(store="memory://", sqs_unsigned=True, sqs=False, **keys)  # no SQS API
+    assert Settings(store="memory://", sqs_keys="AKID:secret", **keys).sqs_keys
