@@ -989,3 +989,58 @@ def test_generate_presigned_url(client: Client, query_client: Client, name: Name
         "list_queues", Params={"QueueNamePrefix": name("")}, ExpiresIn=60, HttpMethod="GET")
     with urllib.request.urlopen(listed, timeout=10) as reply:
         assert url.encode() in reply.read()
+
+
+# -- parity rows no other test covers (docs/SQS.md) -------------------------------------
+
+
+def test_parity_of_kept_attributes_owner_and_fifo_only_parameters(client: Client,
+                                                                  name: Names) -> None:
+    """Policy and encryption settings are kept and returned; LastModifiedTimestamp
+    moves with a change; QueueOwnerAWSAccountId must be the namespace;
+    ReceiveRequestAttemptId is ignored; MessageGroupId is kept and returned."""
+    policy = json.dumps({"Version": "2012-10-17", "Statement": []})
+    url = make_queue(client, name(), Policy=policy, SqsManagedSseEnabled="true",
+                     KmsMasterKeyId="alias/okq", KmsDataKeyReusePeriodSeconds="300")
+    got = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (json.loads(got["Policy"]), got["SqsManagedSseEnabled"], got["KmsMasterKeyId"],
+            got["KmsDataKeyReusePeriodSeconds"]) == (json.loads(policy), "true", "alias/okq",
+                                                     "300")
+    assert got["LastModifiedTimestamp"] == got["CreatedTimestamp"]
+    time.sleep(1.1)  # timestamps are in seconds
+    client.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
+    changed = client.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "LastModifiedTimestamp"])["Attributes"]["LastModifiedTimestamp"]
+    assert int(changed) > int(got["CreatedTimestamp"])
+    namespace = got["QueueArn"].split(":")[4]
+    assert client.get_queue_url(QueueName=name(), QueueOwnerAWSAccountId=namespace)[
+        "QueueUrl"] == url
+    with pytest.raises(client.exceptions.QueueDoesNotExist):
+        client.get_queue_url(QueueName=name(), QueueOwnerAWSAccountId="123456789012")
+    client.send_message(QueueUrl=url, MessageBody="grouped", MessageGroupId="g1")
+    (message,) = receive_all(client, url, 1, ReceiveRequestAttemptId="attempt-1",
+                             AttributeNames=["MessageGroupId"])
+    assert message["Attributes"] == {"MessageGroupId": "g1"}
+
+
+def test_parity_of_the_tag_limit(client: Client, name: Names) -> None:
+    url = make_queue(client, name())
+    client.tag_queue(QueueUrl=url, Tags={f"k{i}": "v" for i in range(50)})
+    with pytest.raises(ClientError) as err:
+        client.tag_queue(QueueUrl=url, Tags={"one-too-many": "v"})
+    assert error_code(err) == "InvalidParameterValue"
+    assert len(client.list_queue_tags(QueueUrl=url)["Tags"]) == 50
+
+
+def test_parity_of_a_move_task_rate(client: Client, name: Names) -> None:
+    """MaxNumberOfMessagesPerSecond is honoured: 3 messages at 1 a second take 2 s
+    or more."""
+    source, dlq, dlq_arn = redrive_pair(client, name, 1)
+    dead_letter(client, source, dlq, ["r1", "r2", "r3"])
+    began = time.monotonic()
+    handle = client.start_message_move_task(SourceArn=dlq_arn,
+                                            MaxNumberOfMessagesPerSecond=1)["TaskHandle"]
+    task = wait_for_task(client, dlq_arn, handle)
+    assert (task["Status"], task["ApproximateNumberOfMessagesMoved"],
+            task["MaxNumberOfMessagesPerSecond"]) == ("COMPLETED", 3, 1)
+    assert time.monotonic() - began >= 2.0
