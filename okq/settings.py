@@ -153,8 +153,9 @@ class Settings(BaseSettings):
     )
     sqs_unsigned: bool = Field(
         False,
-        description="also accept unsigned SQS requests, acting in the node's namespace: for "
-        "local development only, never where others can reach the port",
+        description="also accept unsigned SQS requests, acting with every right in the "
+        "node's namespace: for local development only, never where others can reach the "
+        "port; refused with --api-keys or --require-api-keys",
     )
     sqs_region: str = Field(
         "us-east-1", pattern=r"^[a-z0-9-]{1,32}$",
@@ -182,6 +183,18 @@ class Settings(BaseSettings):
     def _tls_pair(self) -> Settings:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
+        return self
+
+    @model_validator(mode="after")
+    def _sqs_unsigned_only_where_no_key_is_asked(self) -> Settings:
+        """An unsigned SQS request acts with every right in the node's namespace (the
+        SQS API has no roles): beside API keys, it would walk round them."""
+        if self.sqs and self.sqs_unsigned and (self.require_api_keys or self.api_key_set()):
+            raise ValueError(
+                "--sqs-unsigned cannot go with --api-keys or --require-api-keys: every "
+                "unsigned SQS request would act with every right in namespace "
+                f"{self.namespace!r} (create, purge and delete queues, read and delete "
+                "messages) without a key. Give the SQS API keys instead (--sqs-keys)")
         return self
 
     @field_validator("namespace")

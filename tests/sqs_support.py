@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,9 +54,76 @@ def sqs_client(node: Node | Any, *, access_key: str = ACCESS_KEY, secret: str = 
                **config: Any) -> Any:
     """An unmodified boto3 SQS client for ``node`` (anything with a ``url``, or a URL):
     only its endpoint and keys are set."""
-    from botocore.config import Config
-
     url = node if isinstance(node, str) else node.url
     return boto3.client("sqs", endpoint_url=url, region_name=REGION,
                         aws_access_key_id=access_key, aws_secret_access_key=secret,
-                        config=Config(retries={"max_attempts": 1}, **config))
+                        config=_config(**config))
+
+
+def _config(**config: Any) -> Any:
+    from botocore.config import Config
+
+    return Config(retries={"max_attempts": 1}, **config)
+
+
+# -- boto3 over the query protocol -------------------------------------------------------
+
+#: A flattened list's member element in the query protocol, where it is not the list's
+#: shape name without "List" (SQS's query model, botocore before 1.31.64).
+_QUERY_MEMBERS = {"MessageSystemAttributeList": "MessageSystemAttributeName",
+                  "StringList": "StringListValue", "BinaryList": "BinaryListValue"}
+#: A structure member holding a flattened map or list -> its element in the query protocol.
+_QUERY_ELEMENTS = {"Attributes": "Attribute", "MessageAttributes": "MessageAttribute",
+                   "MessageSystemAttributes": "MessageSystemAttribute", "Tags": "Tag",
+                   "tags": "Tag", "StringListValues": "StringListValue",
+                   "BinaryListValues": "BinaryListValue"}
+
+
+def query_model(model: dict[str, Any]) -> dict[str, Any]:
+    """SQS's service model for the query protocol, from botocore's JSON-protocol model.
+
+    botocore ships SQS's model for the JSON protocol only since 1.31.64; older SDKs
+    (and the AWS SDKs that still speak it) send forms and parse XML. The query model
+    differs only in serialisation traits: each output is wrapped in ``<Action>Result``,
+    and flattened lists and maps name their elements (``Message``, ``Attribute`` with
+    ``Name``/``Value``, ``Tag`` with ``Key``/``Value``, ...)."""
+    out = json.loads(json.dumps(model))
+    meta = out["metadata"]
+    for key in ("jsonVersion", "targetPrefix", "awsQueryCompatible"):
+        meta.pop(key, None)
+    meta.update(protocol="query", protocols=["query"],
+                xmlNamespace="http://queue.amazonaws.com/doc/2012-11-05/")
+    for op in out["operations"].values():
+        if "output" in op:
+            op["output"]["resultWrapper"] = f"{op['name']}Result"
+    for name, shape in out["shapes"].items():
+        if shape["type"] == "list":
+            shape["member"]["locationName"] = _QUERY_MEMBERS.get(name, name.removesuffix("List"))
+            shape["flattened"] = True
+        elif shape["type"] == "map":
+            key = "Key" if name == "TagMap" else "Name"
+            shape["key"]["locationName"], shape["value"]["locationName"] = key, "Value"
+        for member, ref in shape.get("members", {}).items():
+            if member in _QUERY_ELEMENTS:
+                ref["locationName"] = _QUERY_ELEMENTS[member]
+    return out
+
+
+def sqs_query_client(node: Node | Any, model_dir: Path, **config: Any) -> Any:
+    """A boto3 SQS client for ``node`` that speaks the query protocol (form requests,
+    XML replies), as SDKs did before SQS's JSON protocol; ``model_dir`` holds its model."""
+    import botocore.session
+
+    loader = botocore.session.get_session().get_component("data_loader")
+    model = loader.load_service_model("sqs", "service-2")
+    where = model_dir / "sqs" / model["metadata"]["apiVersion"]
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "service-2.json").write_text(json.dumps(query_model(model)))
+    session = botocore.session.get_session()
+    session.get_component("data_loader").search_paths.insert(0, str(model_dir))
+    client = boto3.Session(botocore_session=session).client(
+        "sqs", endpoint_url=node if isinstance(node, str) else node.url, region_name=REGION,
+        aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+        config=_config(**config))
+    assert client.meta.service_model.protocol == "query"
+    return client

@@ -83,6 +83,7 @@ class Call:
     names: Names
     access_key: str | None
     stale_deletes: int = 0  # deletes answered with success although the lease was lost
+    trace: str | None = None  # the request's X-Amzn-Trace-Id: a send's AWSTraceHeader
     gone: Callable[[], bool] = field(default=lambda: False)  # the client hung up
 
 
@@ -184,9 +185,12 @@ class SqsApi:
 
     # -- queues --------------------------------------------------------------------------
     def queue_of(self, call: Call, params: dict[str, Any]) -> str:
-        """The queue a ``QueueUrl`` names (any host: the path is /<namespace>/<queue>)."""
+        """The queue a ``QueueUrl`` names (any host: the path is /<namespace>/<queue>),
+        or a bare queue name, which SQS also accepts as a QueueUrl."""
         url = _str(params, "QueueUrl")
         path = re.sub(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/]*", "", url).strip("/").split("/")
+        if len(path) == 1 and path[0] and "/" not in url:
+            return path[0]
         if len(path) != 2 or path[0] != call.names.namespace or not path[1]:
             raise no_queue()
         return path[1]
@@ -362,7 +366,7 @@ class SqsApi:
         item, reply, _ = self._new_item(call, info, params)
         with sqs_errors():
             ids = await call.service.produce(queue, [item])
-        return {**reply, "MessageId": ids[0]}
+        return {**reply, "MessageId": msg.message_id(ids[0])}
 
     async def do_SendMessageBatch(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         queue = self.queue_of(call, params)
@@ -388,7 +392,7 @@ class SqsApi:
             with sqs_errors():
                 ids = await call.service.produce(queue, items)
             for reply, item_id in zip(replies, ids, strict=True):
-                reply["MessageId"] = item_id
+                reply["MessageId"] = msg.message_id(item_id)
         return {"Successful": replies, "Failed": failed}
 
     def _new_item(self, call: Call, info: QueueInfo,
@@ -411,8 +415,8 @@ class SqsApi:
             meta["sender"] = call.access_key
         if attributes:
             meta["attrs"] = {k: a.keep() for k, a in attributes.items()}
-        if system:
-            meta["trace"] = system["AWSTraceHeader"].value
+        if system or call.trace:  # the message's own AWSTraceHeader wins over the header
+            meta["trace"] = system["AWSTraceHeader"].value if system else call.trace
         key = None
         for param, short in (("MessageGroupId", "group"), ("MessageDeduplicationId", "dedup")):
             value = params.get(param)
@@ -455,7 +459,7 @@ class SqsApi:
         body = item.payload.decode("utf-8", "replace")
         kept = msg.stored(item.meta)
         origin = item_origin(item.meta)  # a moved message keeps its first id
-        out: dict[str, Any] = {"MessageId": origin[0] if origin else item.id,
+        out: dict[str, Any] = {"MessageId": msg.message_id(origin[0] if origin else item.id),
                                "ReceiptHandle": item.token,
                                "MD5OfBody": msg.md5_of_body(body), "Body": body}
         attributes = self._system_attributes(call, item, kept, system)

@@ -6,8 +6,14 @@ request from what arrived (method, path, query, the signed headers, the body's
 SHA-256), derives the signing key from the key's secret and compares signatures in
 constant time. A request dated more than 15 minutes from the node's clock is
 refused, as SQS refuses it, so that a captured request cannot be replayed later.
-Only header signatures are accepted (no presigned URLs); a signature must cover
-``host`` and the body.
+
+A presigned URL carries the same signature in its query string (``X-Amz-Algorithm``,
+``X-Amz-Credential``, ``X-Amz-Date``, ``X-Amz-Expires``, ``X-Amz-SignedHeaders``,
+``X-Amz-Signature``), over the query without ``X-Amz-Signature``; it is checked the
+same way, and is refused once ``X-Amz-Expires`` seconds have passed since its date
+(at most 7 days), or when dated more than 15 minutes ahead. A signature must cover
+``host``, ``X-Amz-Target`` when sent, and the body (a presigned URL without a body
+may be signed over ``UNSIGNED-PAYLOAD``, as botocore's presigner may sign it).
 """
 
 from __future__ import annotations
@@ -19,12 +25,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote, unquote_plus
+from urllib.parse import parse_qsl, quote, unquote_plus
 
 from okq.sqs.errors import SqsError
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 MAX_SKEW_S = 15 * 60
+MAX_EXPIRES_S = 7 * 24 * 3600  # the longest a presigned URL may last, as in AWS
+#: The query parameters of a presigned URL (X-Amz-Security-Token optional).
+PRESIGN_PARAMS = ("X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-Expires",
+                  "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token")
+_DATE = re.compile(r"\d{8}T\d{6}Z")
 _AUTH = re.compile(
     r"AWS4-HMAC-SHA256\s+Credential=(?P<cred>[^,\s]+),\s*SignedHeaders=(?P<signed>[^,\s]+),"
     r"\s*Signature=(?P<sig>[0-9a-f]{64})\s*$"
@@ -51,42 +62,99 @@ class Signed:
     body: bytes
 
 
+@dataclass(frozen=True)
+class _Auth:
+    """A request's signature, from its Authorization header or its query string."""
+
+    credential: str
+    signed: list[str]  # the signed headers' names, lower case
+    signature: str
+    amz_date: str
+    expires: int | None  # seconds a presigned URL lasts (None: a header signature)
+
+
 def verify(req: Signed, keys: Mapping[str, tuple[str, str]], *, unsigned_namespace: str | None,
            now: float | None = None) -> Caller:
     """The caller of ``req``, or SqsError. ``keys`` maps access key id -> (secret,
     namespace); ``unsigned_namespace`` is where unsigned requests act, if allowed."""
-    header = req.headers.get("Authorization")
-    if header is None:
-        if "X-Amz-Signature" in req.raw_query:
-            raise SqsError("IncompleteSignature", "okq accepts only signatures in the "
-                           "Authorization header, not presigned URLs")
+    auth = _signature(req)
+    if auth is None:
         if unsigned_namespace is not None:
             return Caller(None, unsigned_namespace)
         raise SqsError("MissingAuthenticationToken", "Request is missing Authentication Token")
-    m = _AUTH.match(header.strip())
-    if m is None:
-        raise SqsError("IncompleteSignature", "the Authorization header is not "
-                       "'AWS4-HMAC-SHA256 Credential=..., SignedHeaders=..., Signature=...'")
-    access_key, scope = _credential(m["cred"])
+    access_key, scope = _credential(auth.credential)
     if access_key not in keys:
         raise SqsError("InvalidClientTokenId",
                        "The security token included in the request is invalid.")
     secret, namespace = keys[access_key]
-    amz_date = _date(req.headers, scope[0], now)
-    signed = m["signed"].split(";")
-    if "host" not in signed:
+    _check_date(auth, scope[0], time.time() if now is None else now)
+    if "host" not in auth.signed:
         raise SqsError("IncompleteSignature", "the signature must cover the host header")
-    canonical = _canonical_request(req, signed)
-    # a header byte that is not UTF-8 reaches here as a lone surrogate: back to its byte
-    raw = canonical.encode("utf-8", "surrogateescape")
-    to_sign = "\n".join([ALGORITHM, amz_date, "/".join(scope), hashlib.sha256(raw).hexdigest()])
-    expected = hmac.new(signing_key(secret, *scope[:3]), to_sign.encode(),
-                        hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, m["sig"]):
-        raise SqsError("SignatureDoesNotMatch",
-                       "The request signature we calculated does not match the signature you "
-                       "provided. Check your AWS Secret Access Key and signing method.")
-    return Caller(access_key, namespace)
+    if "X-Amz-Target" in req.headers and "x-amz-target" not in auth.signed:
+        raise SqsError("IncompleteSignature", "the signature must cover the X-Amz-Target "
+                       "header, which names the action")
+    key = signing_key(secret, *scope[:3])
+    for payload in _payloads(req, auth):
+        canonical = _canonical_request(req, auth, payload)
+        # a header byte that is not UTF-8 reaches here as a lone surrogate: back to its byte
+        raw = canonical.encode("utf-8", "surrogateescape")
+        to_sign = "\n".join([ALGORITHM, auth.amz_date, "/".join(scope),
+                             hashlib.sha256(raw).hexdigest()])
+        expected = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        if hmac.compare_digest(expected, auth.signature):
+            return Caller(access_key, namespace)
+    raise SqsError("SignatureDoesNotMatch",
+                   "The request signature we calculated does not match the signature you "
+                   "provided. Check your AWS Secret Access Key and signing method.")
+
+
+def _signature(req: Signed) -> _Auth | None:
+    """The request's signature (None: unsigned); a request signed both ways, or with a
+    malformed signature, is IncompleteSignature."""
+    header = req.headers.get("Authorization")
+    presigned = _presigned(req.raw_query)
+    if header is not None and presigned is not None:
+        raise SqsError("IncompleteSignature", "a request is signed either in its "
+                       "Authorization header or in its query string (X-Amz-*), not both")
+    if header is None:
+        return presigned
+    m = _AUTH.match(header.strip())
+    if m is None:
+        raise SqsError("IncompleteSignature", "the Authorization header is not "
+                       "'AWS4-HMAC-SHA256 Credential=..., SignedHeaders=..., Signature=...'")
+    amz_date = req.headers.get("X-Amz-Date", "")
+    if not _DATE.fullmatch(amz_date):
+        raise SqsError("IncompleteSignature",
+                       "the request needs an X-Amz-Date header (YYYYMMDDTHHMMSSZ)")
+    return _Auth(m["cred"], m["signed"].lower().split(";"), m["sig"], amz_date, None)
+
+
+def _presigned(raw_query: str) -> _Auth | None:
+    """The signature of a presigned URL: the X-Amz-* parameters of its query string
+    (None if it has none)."""
+    found: dict[str, str] = {}
+    for key, value in parse_qsl(raw_query, keep_blank_values=True):
+        if key in PRESIGN_PARAMS:
+            if key in found:
+                raise SqsError("IncompleteSignature", f"the query string repeats {key}")
+            found[key] = value
+    if not found.keys() & {"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature"}:
+        return None  # not presigned (another X-Amz-* parameter is only a parameter)
+    missing = [k for k in PRESIGN_PARAMS if k not in found and k != "X-Amz-Security-Token"]
+    if missing:
+        raise SqsError("IncompleteSignature", f"a presigned URL needs {', '.join(missing)}")
+    if found["X-Amz-Algorithm"] != ALGORITHM:
+        raise SqsError("IncompleteSignature", f"X-Amz-Algorithm must be {ALGORITHM}")
+    if not re.fullmatch("[0-9a-f]{64}", found["X-Amz-Signature"]):
+        raise SqsError("IncompleteSignature", "X-Amz-Signature must be 64 hex digits")
+    if not _DATE.fullmatch(found["X-Amz-Date"]):
+        raise SqsError("IncompleteSignature", "X-Amz-Date must be YYYYMMDDTHHMMSSZ")
+    expires = found["X-Amz-Expires"]
+    if not (expires.isascii() and expires.isdigit() and 1 <= int(expires) <= MAX_EXPIRES_S):
+        raise SqsError("IncompleteSignature",
+                       f"X-Amz-Expires must be a number of seconds from 1 to {MAX_EXPIRES_S}")
+    return _Auth(found["X-Amz-Credential"], found["X-Amz-SignedHeaders"].lower().split(";"),
+                 found["X-Amz-Signature"], found["X-Amz-Date"], int(expires))
 
 
 def _credential(cred: str) -> tuple[str, list[str]]:
@@ -100,42 +168,59 @@ def _credential(cred: str) -> tuple[str, list[str]]:
     return parts[0], parts[1:]
 
 
-def _date(headers: Mapping[str, str], scope_date: str, now: float | None) -> str:
-    """The request's X-Amz-Date, checked against the scope and the node's clock."""
-    amz_date = headers.get("X-Amz-Date", "")
-    try:
-        when = datetime.strptime(amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        raise SqsError("IncompleteSignature",
-                       "the request needs an X-Amz-Date header (YYYYMMDDTHHMMSSZ)") from None
-    if amz_date[:8] != scope_date:
+def _check_date(auth: _Auth, scope_date: str, now: float) -> None:
+    """The signature's date against its scope and the node's clock: a header signature
+    is refused more than 15 minutes away; a presigned URL is refused once expired, or
+    when dated more than 15 minutes ahead."""
+    if auth.amz_date[:8] != scope_date:
         raise SqsError("SignatureDoesNotMatch",
                        "the date of the credential scope is not the date of X-Amz-Date")
-    skew = when.timestamp() - (time.time() if now is None else now)
-    if abs(skew) > MAX_SKEW_S:
-        clock = datetime.fromtimestamp(time.time() if now is None else now, UTC)
+    when = datetime.strptime(auth.amz_date, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    clock = f"{datetime.fromtimestamp(now, UTC):%Y%m%dT%H%M%SZ}"
+    if auth.expires is not None and now > when + auth.expires:
+        raise SqsError("RequestExpired", f"Request has expired: the presigned URL signed at "
+                       f"{auth.amz_date} for {auth.expires} s ended before the server's time "
+                       f"{clock}")
+    too_old = auth.expires is None and now - when > MAX_SKEW_S
+    if too_old or when - now > MAX_SKEW_S:
         raise SqsError("SignatureDoesNotMatch",
-                       f"Signature expired: {amz_date} is more than 15 minutes from the "
-                       f"server's time {clock:%Y%m%dT%H%M%SZ}")
-    return amz_date
+                       f"Signature expired: {auth.amz_date} is more than 15 minutes from the "
+                       f"server's time {clock}")
 
 
-def _canonical_request(req: Signed, signed: list[str]) -> str:
+def _payloads(req: Signed, auth: _Auth) -> list[str]:
+    """The payload hashes the signature may use. The body must be signed; a presigned
+    URL with no body may also have been signed over UNSIGNED-PAYLOAD (nothing is left
+    unsigned then)."""
+    actual = hashlib.sha256(req.body).hexdigest()
+    declared = req.headers.get("X-Amz-Content-SHA256")
+    if declared is not None and declared != actual and not (
+            declared == _UNSIGNED and auth.expires is not None and not req.body):
+        why = "an unsigned payload" if declared == _UNSIGNED else "a body hash that differs"
+        raise SqsError("SignatureDoesNotMatch", f"the request has {why}: the body must be signed")
+    if auth.expires is not None and not req.body:
+        return [actual, _UNSIGNED]
+    return [actual]
+
+
+def _canonical_request(req: Signed, auth: _Auth, payload: str) -> str:
     headers = []
-    for name in signed:
+    for name in auth.signed:
         values: list[str] = req.headers.getall(name, []) if hasattr(req.headers, "getall") \
             else [v for v in [req.headers.get(name)] if v is not None]
         if not values:
             raise SqsError("IncompleteSignature", f"signed header {name!r} is missing")
         headers.append(f"{name}:{','.join(' '.join(v.split()) for v in values)}")
-    payload = req.headers.get("X-Amz-Content-SHA256")
-    actual = hashlib.sha256(req.body).hexdigest()
-    if payload is not None and payload != actual:
-        why = "an unsigned payload" if payload == _UNSIGNED else "a body hash that differs"
-        raise SqsError("SignatureDoesNotMatch", f"the request has {why}: the body must be signed")
+    query = req.raw_query if auth.expires is None else _without_signature(req.raw_query)
     return "\n".join([req.method.upper(), canonical_path(req.raw_path),
-                      canonical_query(req.raw_query), "\n".join(headers) + "\n",
-                      ";".join(signed), actual])
+                      canonical_query(query), "\n".join(headers) + "\n",
+                      ";".join(auth.signed), payload])
+
+
+def _without_signature(raw_query: str) -> str:
+    """A presigned URL's query as it was signed: without its X-Amz-Signature."""
+    return "&".join(p for p in raw_query.split("&")
+                    if unquote_plus(p.partition("=")[0]) != "X-Amz-Signature")
 
 
 def canonical_path(raw_path: str) -> str:

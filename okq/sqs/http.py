@@ -22,9 +22,10 @@ from aiohttp import web
 from okq.errors import OkqError
 from okq.service import QueueService
 from okq.settings import Settings
+from okq.sqs import messages as msg
 from okq.sqs import protocol as proto
 from okq.sqs.actions import Call, SqsApi
-from okq.sqs.auth import Caller, Signed, verify
+from okq.sqs.auth import PRESIGN_PARAMS, Caller, Signed, verify
 from okq.sqs.errors import SqsError
 from okq.sqs.queues import Names
 
@@ -53,6 +54,10 @@ class SqsFrontEnd:
         self.api = SqsApi(settings.max_item_bytes)
         self.stale_deletes = 0
         self.answers: dict[tuple[str, str], int] = {}  # (action, code) -> count
+        if self.unsigned_namespace is not None:
+            log.warning("--sqs-unsigned: the SQS API accepts unsigned requests, acting with "
+                        "every right in namespace %r: for local development only",
+                        self.unsigned_namespace)
         if not self.keys and self.unsigned_namespace is None:
             log.info("the SQS API is on but no --sqs-keys are set: it refuses every request")
 
@@ -113,7 +118,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         handler = front.api.action(action)
         call = Call(await front.service(caller), front.names(request, caller.namespace),
                     caller.access_key,
-                    gone=lambda: request.transport is None or request.transport.is_closing())
+                    gone=lambda: request.transport is None or request.transport.is_closing(),
+                    trace=msg.trace_header(request.headers.get("X-Amzn-Trace-Id")))
         result = await handler(call, params)
     except SqsError as err:
         front.count(action, err.code)
@@ -161,7 +167,8 @@ def _parse(request: web.Request, body: bytes, json_protocol: bool) -> tuple[str,
     else:
         try:
             text = body.decode() if body else ""
-            pairs = parse_qsl(request.query_string, keep_blank_values=True) + \
+            pairs = [(k, v) for k, v in parse_qsl(request.query_string, keep_blank_values=True)
+                     if k not in PRESIGN_PARAMS] + \
                 parse_qsl(text, keep_blank_values=True, strict_parsing=bool(text))
         except (UnicodeDecodeError, ValueError):
             raise SqsError("MalformedQueryString", "the body is not a form of "

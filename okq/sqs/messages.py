@@ -15,11 +15,14 @@ import binascii
 import hashlib
 import re
 import struct
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from okq.errors import InvalidRequest
+from okq.keys import parse_item_id
 from okq.sqs.errors import SqsError, invalid
 
 #: The characters SQS accepts in a body or attribute value (XML 1.0's).
@@ -65,6 +68,15 @@ class Attribute:
         if data_type.startswith("Binary"):
             return cls(data_type, base64.b64decode(value))
         return cls(data_type, value)
+
+
+def trace_header(value: str | None) -> str | None:
+    """A request's ``X-Amzn-Trace-Id``, kept as its sends' ``AWSTraceHeader``; None
+    when absent, empty or holding what SQS does not allow in a value (a load balancer
+    may add the header: a send is not refused for it)."""
+    if not value or _BAD_CHARS.search(value):
+        return None
+    return value
 
 
 def check_body(body: Any, max_size: int) -> str:
@@ -155,6 +167,23 @@ def _check_number(name: str, text: str) -> None:
     if number is None or not number.is_finite() or len(number.as_tuple().digits) > 38:
         raise invalid(f"Can't cast the value of message (user) attribute '{name}' to a "
                       "number.")
+
+
+def message_id(item_id: str) -> str:
+    """The SQS MessageId of an okq item: its id's 32 hex digits in a UUID's form.
+
+    An item id is ``{created_ms:012x}-{10 random hex}.{index}``; the index is written
+    in 10 hex digits, so the MessageId is as unique and as stable as the item id (and
+    reads back to it), and is a valid batch entry id (``Id=MessageId`` is a common
+    habit). An id of another form (none is made today) is hashed into a UUID."""
+    try:
+        segment, index = parse_item_id(item_id)
+    except InvalidRequest:
+        segment, index = "", -1
+    if not 0 <= index < 16**10:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"okq-item:{item_id}"))
+    digits = segment.replace("-", "") + f"{index:010x}"
+    return str(uuid.UUID(hex=digits))
 
 
 def md5_of_body(body: str) -> str:

@@ -159,10 +159,19 @@ _XML_MAPS = {  # member -> (element, key element, value element)
 }
 
 
+#: Actions whose reply has no result element (SQS models no output for them). Every
+#: other action's reply carries ``<{Action}Result>``, empty or not: a query-protocol
+#: client looks for it (botocore raises KeyError on an empty ReceiveMessage without it).
+NO_RESULT = frozenset({"AddPermission", "ChangeMessageVisibility", "DeleteMessage",
+                       "DeleteQueue", "PurgeQueue", "RemovePermission",
+                       "SetQueueAttributes", "TagQueue", "UntagQueue"})
+
+
 def xml_reply(action: str, result: dict[str, Any], request_id: str) -> bytes:
     """The query protocol's reply to ``action``."""
     body = "".join(_xml_member(action, k, v) for k, v in result.items())
-    wrapped = f"<{action}Result>{body}</{action}Result>" if result else ""
+    wrapped = "" if action in NO_RESULT and not result else \
+        f"<{action}Result>{body}</{action}Result>"
     return (f'<?xml version="1.0"?><{action}Response xmlns="{XML_NAMESPACE}">{wrapped}'
             f"<ResponseMetadata><RequestId>{request_id}</RequestId></ResponseMetadata>"
             f"</{action}Response>").encode()
@@ -183,9 +192,16 @@ def _xml_member(action: str, key: str, value: Any) -> str:
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
+#: Characters a parser would not give back as sent: XML normalises a raw carriage
+#: return (and CR LF) to a line feed, so it is written as a character reference, as
+#: SQS writes it.
+_REFERENCES = {"\r": "&#xD;"}
+
+
 def escape(text: str) -> str:
-    """``text`` as XML character data: escaped, and what XML cannot hold replaced."""
-    return _escape(_NOT_XML.sub("\ufffd", text))
+    """``text`` as XML character data: escaped (a carriage return as ``&#xD;``, which
+    a parser gives back as sent), and what XML cannot hold replaced."""
+    return _escape(_NOT_XML.sub("\ufffd", text), _REFERENCES)
 
 
 def _xml_element(name: str, value: Any) -> str:

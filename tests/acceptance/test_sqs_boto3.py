@@ -12,9 +12,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import struct
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +25,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.nodes import Node
-from tests.sqs_support import STORES, sqs_client, sqs_node_on
+from tests.sqs_support import STORES, sqs_client, sqs_node_on, sqs_query_client
 
 STALE_HEADER = "x-okq-stale-receipt"
 
@@ -86,6 +88,12 @@ def node(request: pytest.FixtureRequest,
 @pytest.fixture(scope="module")
 def client(node: Node) -> Client:
     return sqs_client(node)
+
+
+@pytest.fixture(scope="module")
+def query_client(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Client:
+    """boto3 speaking SQS's query protocol (forms and XML), as older SDKs do."""
+    return sqs_query_client(node, tmp_path_factory.mktemp("sqs-query-model"))
 
 
 class Names:
@@ -824,3 +832,231 @@ def test_add_permission_is_unsupported(client: Client, name: Names) -> None:
         client.add_permission(QueueUrl=url, Label="l", AWSAccountIds=["123456789012"],
                               Actions=["SendMessage"])
 
+
+
+# -- the query protocol through boto3 -------------------------------------------------
+
+
+def test_query_protocol_empty_results(client: Client, query_client: Client,
+                                      name: Names) -> None:
+    """Replies whose result has no members still carry their ``<Action>Result``
+    element: botocore's query parser needs it (a KeyError otherwise)."""
+    url = make_queue(query_client, name())
+    assert query_client.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages") is None
+    assert query_client.list_queues(QueueNamePrefix=name("none")).get("QueueUrls") is None
+    assert query_client.list_queue_tags(QueueUrl=url).get("Tags") is None
+    assert query_client.list_dead_letter_source_queues(QueueUrl=url).get("queueUrls") is None
+    assert query_client.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "RedrivePolicy"]).get("Attributes") is None
+    assert query_client.list_queues(QueueNamePrefix=name(""))["QueueUrls"] == [url]
+    client.send_message(QueueUrl=url, MessageBody="one")
+    (got,) = receive_all(query_client, url, 1)
+    assert got["Body"] == "one"
+
+
+#: Bodies whose characters XML normalises when written raw (CR and CR LF become LF),
+#: beside tabs and line feeds, which must come back as sent too.
+LINE_ENDS = ["cr\rinside", "crlf\r\nend", "\r", "\r\r\n\n", "tab\there", "lf\nend",
+             " \t\r\n edges \n\r\t "]
+
+
+def test_line_ends_round_trip_over_the_query_protocol(query_client: Client,
+                                                       name: Names) -> None:
+    """Bodies and message attribute values keep every CR, LF and tab, and their
+    digests match, through botocore's query protocol (form in, XML out)."""
+    url = make_queue(query_client, name())
+    for i, body in enumerate(LINE_ENDS):
+        attributes = {"text": {"DataType": "String", "StringValue": body},
+                      "n": {"DataType": "Number", "StringValue": str(i)}}
+        sent = query_client.send_message(QueueUrl=url, MessageBody=body,
+                                         MessageAttributes=attributes)
+        assert sent["MD5OfMessageBody"] == ref_md5_body(body)
+        assert sent["MD5OfMessageAttributes"] == ref_md5_attributes(attributes)
+    got = receive_all(query_client, url, len(LINE_ENDS), MessageAttributeNames=["All"])
+    assert sorted(m["Body"] for m in got) == sorted(LINE_ENDS)
+    for message in got:
+        assert message["MD5OfBody"] == ref_md5_body(message["Body"])
+        attributes = message["MessageAttributes"]
+        assert attributes["text"]["StringValue"] == message["Body"]
+        assert message["MD5OfMessageAttributes"] == ref_md5_attributes(attributes)
+
+
+# -- message ids ------------------------------------------------------------------------
+
+UUID_SHAPE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def test_message_ids_serve_as_batch_entry_ids(client: Client, query_client: Client,
+                                             name: Names) -> None:
+    """MessageIds are UUID-shaped, unique and the same on every receive, so the
+    common ``Id=MessageId`` works in both batch actions, in both protocols."""
+    url = make_queue(client, name())
+    sent = client.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": f"m{i}", "MessageBody": f"body {i}"} for i in range(6)])["Successful"]
+    one = client.send_message(QueueUrl=url, MessageBody="body 6")["MessageId"]
+    ids = sorted([s["MessageId"] for s in sent] + [one])
+    assert len(set(ids)) == 7 and all(UUID_SHAPE.fullmatch(i) for i in ids), ids
+    first = receive_all(client, url, 7, VisibilityTimeout=30)
+    assert sorted(m["MessageId"] for m in first) == ids
+    back = client.change_message_visibility_batch(QueueUrl=url, Entries=[
+        {"Id": m["MessageId"], "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+        for m in first])
+    assert (sorted(s["Id"] for s in back["Successful"]), back.get("Failed", [])) == (ids, [])
+    again = receive_all(query_client, url, 7, VisibilityTimeout=30)
+    assert sorted(m["MessageId"] for m in again) == ids  # stable across receives
+    done = query_client.delete_message_batch(QueueUrl=url, Entries=[
+        {"Id": m["MessageId"], "ReceiptHandle": m["ReceiptHandle"]} for m in again])
+    assert (sorted(s["Id"] for s in done["Successful"]), done.get("Failed", [])) == (ids, [])
+    assert counts(client, url) == (0, 0, 0)
+
+
+def test_message_id_survives_dead_letters_and_a_move_back(client: Client,
+                                                         name: Names) -> None:
+    source, dlq, dlq_arn = redrive_pair(client, name, 1)
+    sent = client.send_message(QueueUrl=source, MessageBody="moved")["MessageId"]
+    assert UUID_SHAPE.fullmatch(sent)
+    (first,) = receive(client, source)
+    client.change_message_visibility(QueueUrl=source, ReceiptHandle=first["ReceiptHandle"],
+                                     VisibilityTimeout=0)
+    (dead,) = receive_all(client, dlq, 1, timeout=5)
+    assert (first["MessageId"], dead["MessageId"]) == (sent, sent)
+    client.change_message_visibility(QueueUrl=dlq, ReceiptHandle=dead["ReceiptHandle"],
+                                     VisibilityTimeout=0)
+    wait_for_task(client, dlq_arn, client.start_message_move_task(SourceArn=dlq_arn)[
+        "TaskHandle"])
+    (back,) = receive_all(client, source, 1, timeout=5)
+    assert back["MessageId"] == sent
+    client.delete_message_batch(QueueUrl=source, Entries=[
+        {"Id": back["MessageId"], "ReceiptHandle": back["ReceiptHandle"]}])
+    assert counts(client, source) == (0, 0, 0)
+
+
+# -- a queue name as QueueUrl -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["json", "query"])
+def test_bare_queue_name_as_queue_url(client: Client, query_client: Client, name: Names,
+                                      protocol: str) -> None:
+    """SQS accepts a queue's name where its URL is asked for."""
+    sqs = client if protocol == "json" else query_client
+    queue = name()
+    make_queue(client, queue)
+    sqs.send_message(QueueUrl=queue, MessageBody="by name")
+    (got,) = receive_all(sqs, queue, 1)
+    assert got["Body"] == "by name"
+    assert sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])[
+        "Attributes"]["QueueArn"].endswith(f":{queue}")
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=got["ReceiptHandle"])
+    with pytest.raises(ClientError) as err:
+        sqs.send_message(QueueUrl=name("missing"), MessageBody="x")
+    assert error_code(err) == "AWS.SimpleQueueService.NonExistentQueue"
+
+
+# -- X-Amzn-Trace-Id --------------------------------------------------------------------
+
+
+def with_trace_header(sqs: Client, value: str) -> Client:
+    """``sqs`` with ``X-Amzn-Trace-Id: value`` on every request (as the X-Ray SDK and
+    AWS load balancers add it)."""
+    def add(request: Any, **_: Any) -> None:
+        request.headers["X-Amzn-Trace-Id"] = value
+
+    sqs.meta.events.register_first("before-sign.sqs.*", add)
+    return sqs
+
+
+def test_trace_header_becomes_aws_trace_header(node: Node, name: Names) -> None:
+    traced = with_trace_header(sqs_client(node), "Root=1-5759e988-bd862e3fe1be46a994272793")
+    url = make_queue(traced, name())
+    plain = traced.send_message(QueueUrl=url, MessageBody="from header")
+    assert "MD5OfMessageSystemAttributes" not in plain  # none was sent as an attribute
+    own = {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1-own"}}
+    sent = traced.send_message(QueueUrl=url, MessageBody="own attribute",
+                               MessageSystemAttributes=own)
+    assert sent["MD5OfMessageSystemAttributes"] == ref_md5_attributes(own)
+    traced.send_message_batch(QueueUrl=url, Entries=[
+        {"Id": "a", "MessageBody": "batch header"},
+        {"Id": "b", "MessageBody": "batch own", "MessageSystemAttributes": own}])
+    got = receive_all(traced, url, 4, AttributeNames=["AWSTraceHeader"])
+    assert {m["Body"]: m["Attributes"]["AWSTraceHeader"] for m in got} == {
+        "from header": "Root=1-5759e988-bd862e3fe1be46a994272793",
+        "own attribute": "Root=1-own", "batch header": "Root=1-5759e988-bd862e3fe1be46a994272793",
+        "batch own": "Root=1-own"}
+    client = sqs_client(node)
+    client.send_message(QueueUrl=url, MessageBody="untraced")
+    (untraced,) = receive_all(client, url, 1, AttributeNames=["All"])
+    assert "AWSTraceHeader" not in untraced["Attributes"]
+
+
+# -- presigned URLs ---------------------------------------------------------------------
+
+
+def test_generate_presigned_url(client: Client, query_client: Client, name: Names) -> None:
+    """URLs from boto3's own presigner (query protocol), fetched by a plain HTTP GET."""
+    url = make_queue(client, name())
+    send = query_client.generate_presigned_url(
+        "send_message", Params={"QueueUrl": url, "MessageBody": "by presigned URL"},
+        ExpiresIn=60, HttpMethod="GET")
+    with urllib.request.urlopen(send, timeout=10) as reply:
+        assert reply.status == 200 and b"<MessageId>" in reply.read()
+    (got,) = receive_all(client, url, 1)
+    assert got["Body"] == "by presigned URL"
+    listed = query_client.generate_presigned_url(
+        "list_queues", Params={"QueueNamePrefix": name("")}, ExpiresIn=60, HttpMethod="GET")
+    with urllib.request.urlopen(listed, timeout=10) as reply:
+        assert url.encode() in reply.read()
+
+
+# -- parity rows no other test covers (docs/SQS.md) -------------------------------------
+
+
+def test_parity_of_kept_attributes_owner_and_fifo_only_parameters(client: Client,
+                                                                  name: Names) -> None:
+    """Policy and encryption settings are kept and returned; LastModifiedTimestamp
+    moves with a change; QueueOwnerAWSAccountId must be the namespace;
+    ReceiveRequestAttemptId is ignored; MessageGroupId is kept and returned."""
+    policy = json.dumps({"Version": "2012-10-17", "Statement": []})
+    url = make_queue(client, name(), Policy=policy, SqsManagedSseEnabled="true",
+                     KmsMasterKeyId="alias/okq", KmsDataKeyReusePeriodSeconds="300")
+    got = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert (json.loads(got["Policy"]), got["SqsManagedSseEnabled"], got["KmsMasterKeyId"],
+            got["KmsDataKeyReusePeriodSeconds"]) == (json.loads(policy), "true", "alias/okq",
+                                                     "300")
+    assert got["LastModifiedTimestamp"] == got["CreatedTimestamp"]
+    time.sleep(1.1)  # timestamps are in seconds
+    client.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
+    changed = client.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "LastModifiedTimestamp"])["Attributes"]["LastModifiedTimestamp"]
+    assert int(changed) > int(got["CreatedTimestamp"])
+    namespace = got["QueueArn"].split(":")[4]
+    assert client.get_queue_url(QueueName=name(), QueueOwnerAWSAccountId=namespace)[
+        "QueueUrl"] == url
+    with pytest.raises(client.exceptions.QueueDoesNotExist):
+        client.get_queue_url(QueueName=name(), QueueOwnerAWSAccountId="123456789012")
+    client.send_message(QueueUrl=url, MessageBody="grouped", MessageGroupId="g1")
+    (message,) = receive_all(client, url, 1, ReceiveRequestAttemptId="attempt-1",
+                             AttributeNames=["MessageGroupId"])
+    assert message["Attributes"] == {"MessageGroupId": "g1"}
+
+
+def test_parity_of_the_tag_limit(client: Client, name: Names) -> None:
+    url = make_queue(client, name())
+    client.tag_queue(QueueUrl=url, Tags={f"k{i}": "v" for i in range(50)})
+    with pytest.raises(ClientError) as err:
+        client.tag_queue(QueueUrl=url, Tags={"one-too-many": "v"})
+    assert error_code(err) == "InvalidParameterValue"
+    assert len(client.list_queue_tags(QueueUrl=url)["Tags"]) == 50
+
+
+def test_parity_of_a_move_task_rate(client: Client, name: Names) -> None:
+    """MaxNumberOfMessagesPerSecond is honoured: 3 messages at 1 a second take 2 s
+    or more."""
+    source, dlq, dlq_arn = redrive_pair(client, name, 1)
+    dead_letter(client, source, dlq, ["r1", "r2", "r3"])
+    began = time.monotonic()
+    handle = client.start_message_move_task(SourceArn=dlq_arn,
+                                            MaxNumberOfMessagesPerSecond=1)["TaskHandle"]
+    task = wait_for_task(client, dlq_arn, handle)
+    assert (task["Status"], task["ApproximateNumberOfMessagesMoved"],
+            task["MaxNumberOfMessagesPerSecond"]) == ("COMPLETED", 3, 1)
+    assert time.monotonic() - began >= 2.0

@@ -13,19 +13,22 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from botocore.auth import SigV4Auth
+from botocore.auth import SigV4Auth, SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from multidict import CIMultiDict, CIMultiDictProxy
+from pydantic import ValidationError
 
+from okq.settings import Settings
 from okq.sqs.auth import Caller, Signed, canonical_path, canonical_query, verify
 from okq.sqs.errors import SqsError
-from okq.sqs.messages import Attribute, md5_of_attributes, select
+from okq.sqs.messages import Attribute, md5_of_attributes, message_id, select, trace_header
 from okq.sqs.protocol import from_query, json_error, xml_error, xml_reply
 
 NS = {"sqs": "http://queue.amazonaws.com/doc/2012-11-05/"}
@@ -181,6 +184,32 @@ def test_xml_reply_without_result() -> None:
     root = parse(xml_reply("DeleteMessage", {}, "rid-2"), "DeleteMessageResponse")
     assert root.find("sqs:DeleteMessageResult", NS) is None
     assert texts(root, "sqs:ResponseMetadata/sqs:RequestId") == ["rid-2"]
+
+
+@pytest.mark.parametrize("action", ["ReceiveMessage", "ListQueues", "ListQueueTags",
+                                    "GetQueueAttributes", "ListDeadLetterSourceQueues"])
+def test_xml_reply_of_an_empty_result_keeps_its_element(action: str) -> None:
+    """An action SQS models a result for answers ``<ActionResult/>`` when the result
+    is empty (botocore's query parser looks the element up by name)."""
+    root = parse(xml_reply(action, {}, "r"), f"{action}Response")
+    (result,) = root.findall(f"sqs:{action}Result", NS)
+    assert list(result) == [] and not (result.text or "").strip()
+
+
+#: Text XML would not give back as written raw: CR and CR LF read as LF.
+LINE_ENDS = ["a\rb", "\r\n", "\r", "x\r\r\ny", "\t\n\r", " \r "]
+
+
+@pytest.mark.parametrize("body", LINE_ENDS)
+def test_xml_reply_keeps_carriage_returns(body: str) -> None:
+    message = {"MessageId": "m", "Body": body,
+               "MessageAttributes": {"a": {"DataType": "String", "StringValue": body}}}
+    raw = xml_reply("ReceiveMessage", {"Messages": [message]}, "r")
+    assert b"\r" not in raw and b"&#xD;" in raw
+    root = parse(raw, "ReceiveMessageResponse")
+    assert texts(root, "sqs:ReceiveMessageResult/sqs:Message/sqs:Body") == [body]
+    assert texts(root, "sqs:ReceiveMessageResult/sqs:Message/sqs:MessageAttribute/"
+                       "sqs:Value/sqs:StringValue") == [body]
 
 
 def test_xml_reply_of_lists_and_maps() -> None:
@@ -344,6 +373,96 @@ def test_verify_refuses_a_request_dated_over_15_minutes_away() -> None:
         assert err.code == "SignatureDoesNotMatch" and "expired" in err.message.lower()
 
 
+# -- presigned URLs (Signature Version 4 in the query string) -------------------------
+
+
+def presigned(url: str = f"http://{HOST}/default/q", *, method: str = "GET",
+              params: dict[str, str] | None = None, expires: int = 60,
+              secret: str = SECRET, sign_payload: bool = True) -> Signed:
+    """A request presigned by botocore's SigV4QueryAuth (what generate_presigned_url
+    uses), as the node receives it: the signature in the query string, no body."""
+    request = AWSRequest(method, url, params=params if params is not None else {
+        "Action": "ReceiveMessage", "MaxNumberOfMessages": "2", "Note": "a+b &c=d é/~"})
+    request.context["payload_signing_enabled"] = sign_payload
+    SigV4QueryAuth(Credentials(AKID, secret), "sqs", "us-east-1", expires=expires
+                   ).add_auth(request)
+    prepared = request.prepare()
+    parts = urlsplit(prepared.url)
+    assert "X-Amz-Signature=" in parts.query and "Authorization" not in prepared.headers
+    return Signed(method, parts.path, parts.query,
+                  CIMultiDictProxy(CIMultiDict({"Host": parts.netloc})), prepared.body or b"")
+
+
+def test_verify_accepts_presigned_urls() -> None:
+    for req in (presigned(), presigned(method="POST"),
+                presigned(f"https://{HOST}/", sign_payload=False),  # UNSIGNED-PAYLOAD
+                presigned(params={"Action": "ListQueues"})):
+        assert verify(req, KEYS, unsigned_namespace=None) == Caller(AKID, "default")
+
+
+def test_verify_refuses_a_changed_presigned_url() -> None:
+    req = presigned()
+    sig = req.raw_query.rsplit("X-Amz-Signature=", 1)[1]
+    other = "0" * 64 if sig != "0" * 64 else "1" * 64
+    altered = [
+        changed(req, raw_query=req.raw_query.replace("MaxNumberOfMessages=2",
+                                                     "MaxNumberOfMessages=9")),
+        changed(req, raw_query=req.raw_query + "&QueueUrl=other"),
+        changed(req, raw_query=req.raw_query.replace("X-Amz-Expires=60", "X-Amz-Expires=600")),
+        changed(req, raw_query=req.raw_query.replace(sig, other)),
+        changed(req, raw_path="/default/other"),
+        changed(req, method="POST"),
+        changed(req, body=b"Action=DeleteQueue"),  # a body the URL did not sign
+        with_header(req, "Host", "127.0.0.2:9324"),
+    ]
+    for n, bad in enumerate(altered):
+        assert refusal(bad).code == "SignatureDoesNotMatch", n
+    assert refusal(presigned(secret="not-the-secret")).code == "SignatureDoesNotMatch"
+    assert refusal(presigned(), {"AKIDOTHER": (SECRET, "default")}).code == \
+        "InvalidClientTokenId"
+
+
+def test_verify_refuses_an_expired_presigned_url() -> None:
+    req = presigned(expires=60)
+    assert verify(req, KEYS, unsigned_namespace=None, now=time.time() + 55).access_key
+    err = refusal(req, now=time.time() + 65)
+    assert (err.code, err.status) == ("RequestExpired", 400) and "expired" in err.message
+    # a URL may last long, but not be dated in the future beyond the allowed skew
+    long = presigned(expires=7 * 24 * 3600)
+    assert verify(long, KEYS, unsigned_namespace=None, now=time.time() + 6 * 24 * 3600)
+    assert refusal(long, now=time.time() - 16 * 60).code == "SignatureDoesNotMatch"
+
+
+@pytest.mark.parametrize(("change", "code"), [
+    (lambda q: q.replace("X-Amz-Expires=60", "X-Amz-Expires=604801"), "IncompleteSignature"),
+    (lambda q: q.replace("X-Amz-Expires=60", "X-Amz-Expires=-5"), "IncompleteSignature"),
+    (lambda q: q.replace("X-Amz-Algorithm=AWS4-HMAC-SHA256", "X-Amz-Algorithm=AWS4-HMAC-SHA1"),
+     "IncompleteSignature"),
+    (lambda q: "&".join(p for p in q.split("&") if not p.startswith("X-Amz-Date=")),
+     "IncompleteSignature"),
+    (lambda q: q + "&X-Amz-Signature=" + "0" * 64, "IncompleteSignature"),  # repeated
+    (lambda q: "&".join(p for p in q.split("&") if not p.startswith("X-Amz-SignedHeaders")) +
+     "&X-Amz-SignedHeaders=user-agent", "IncompleteSignature"),  # host not signed
+])
+def test_verify_refuses_a_malformed_presigned_url(change: Any, code: str) -> None:
+    req = presigned()
+    assert refusal(changed(req, raw_query=change(req.raw_query))).code == code
+
+
+def test_verify_refuses_a_request_signed_both_ways() -> None:
+    req = presigned()
+    header = botocore_signed().headers["Authorization"]
+    assert refusal(with_header(req, "Authorization", header)).code == "IncompleteSignature"
+
+
+def test_verify_needs_the_action_header_signed() -> None:
+    """X-Amz-Target names the JSON protocol's action: it must be under the signature."""
+    req = with_header(presigned(method="POST"), "X-Amz-Target", "AmazonSQS.DeleteQueue")
+    assert refusal(req).code == "IncompleteSignature"
+    added = with_header(botocore_signed(), "X-Amz-Target", "AmazonSQS.DeleteQueue")
+    assert refusal(added).code == "IncompleteSignature"
+
+
 PATHS = ["/", "/default/q", "/a/./b/../c", "//a//b/", "/a%20b", "/a b", "/..", "/a/",
          "/x/~y%7E", "/a:b@c", "/%41", "/default/q-1_2"]
 QUERIES = ["", "b=2&a=1", "a=1&a=0", "x=a%20b", "empty=", "flag", "k=a~b-c_d.e",
@@ -427,3 +546,44 @@ def test_select(names: list[str], expected: set[str]) -> None:
     assert set(select(ATTRS, names)) == expected
     assert all(select(ATTRS, names)[k] is ATTRS[k] for k in expected)
     assert select({}, names) == {}
+
+
+# -- message ids -------------------------------------------------------------------------
+
+
+def test_message_id_is_a_uuid_of_the_item_id() -> None:
+    """The item id's hex digits, the index in ten of them: unique, stable, and a
+    valid batch entry id."""
+    assert message_id("01a234fd5fe4-a5d80f0b77.0") == "01a234fd-5fe4-a5d8-0f0b-770000000000"
+    assert message_id("01a234fd5fe4-a5d80f0b77.4660") == "01a234fd-5fe4-a5d8-0f0b-770000001234"
+    ids = {message_id(f"01a234fd5fe4-a5d80f0b77.{n}") for n in range(1000)} | \
+        {message_id(f"01a234fd5fe4-a5d80f0b78.{n}") for n in range(1000)}
+    assert len(ids) == 2000
+    assert all(str(uuid.UUID(i)) == i and len(i) == 36 for i in ids)
+
+
+def test_message_id_of_an_unknown_form_is_still_a_uuid() -> None:
+    odd = [message_id(i) for i in ("not-an-item", "01a234fd5fe4-a5d80f0b77.99999999999999")]
+    assert all(str(uuid.UUID(i)) == i for i in odd) and odd[0] != odd[1]
+    assert message_id("not-an-item") == odd[0]
+
+
+def test_trace_header_is_kept_only_when_sqs_could_keep_it() -> None:
+    assert trace_header("Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1") == \
+        "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1"
+    assert [trace_header(v) for v in (None, "", "Root=\x00", "Root=\udcff")] == [None] * 4
+
+
+# -- --sqs-unsigned ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keys", [{"require_api_keys": True}, {"api_keys": "operator-key"}])
+def test_sqs_unsigned_is_refused_where_api_keys_are_asked(keys: dict[str, Any]) -> None:
+    """Unsigned SQS requests act with every right in the namespace: beside API keys
+    they would walk round them, so the settings refuse the pair, naming both."""
+    with pytest.raises(ValidationError) as err:
+        Settings(store="memory://", sqs_unsigned=True, **keys)
+    assert "--sqs-unsigned cannot go with --api-keys or --require-api-keys" in str(err.value)
+    assert Settings(store="memory://", sqs_unsigned=True).sqs_unsigned  # alone: allowed
+    assert Settings(store="memory://", sqs_unsigned=True, sqs=False, **keys)  # no SQS API
+    assert Settings(store="memory://", sqs_keys="AKID:secret", **keys).sqs_keys
