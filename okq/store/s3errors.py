@@ -34,7 +34,8 @@ def s3_error(status: int, code: str, message: str, op: str, key: str,
     its XML error's, when it sent one)."""
     where = f"({op} {key!r})"
     if code == "NoSuchBucket":
-        return StorageError(f"no bucket {bucket!r}: S3 {status} {code} {where}", key=key,
+        return StorageError(f"no bucket {bucket!r}: S3 {status} {code} {where}; create it, "
+                            "or check the store URL and the endpoint", key=key,
                             status=status, s3_code=code)
     if status in (401, 403) and code in ("", "InvalidAccessKeyId", "SignatureDoesNotMatch",
                                          "AccessDenied", "ExpiredToken"):
