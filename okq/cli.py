@@ -111,7 +111,8 @@ async def run_node(settings: Settings) -> None:
     from okq.server.listener import listen
     from okq.server.state import advertise
 
-    store = open_store(settings.store, endpoint_url=settings.endpoint_url)
+    store = open_store(settings.store, endpoint_url=settings.endpoint_url,
+                       timeout=settings.s3_timeout)
     app = create_app(settings, store)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=30)
     try:

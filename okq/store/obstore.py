@@ -53,7 +53,14 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import S3Store as _ObjectStoreS3
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import Blob, ListPage, ObjectInfo, split_s3_url, validate_key
+from okq.store.base import (
+    DEFAULT_S3_TIMEOUT,
+    Blob,
+    ListPage,
+    ObjectInfo,
+    split_s3_url,
+    validate_key,
+)
 from okq.store.s3errors import CREDENTIALS_HELP, no_credentials, s3_error, s3_failed
 
 if TYPE_CHECKING:
@@ -139,7 +146,7 @@ class ObstoreS3Store:
         endpoint_url: str | None = None,
         region: str | None = None,
         pool_size: int = 64,
-        timeout: float = 30.0,
+        timeout: float = DEFAULT_S3_TIMEOUT,
     ) -> None:
         self.url = url
         self.bucket, self.prefix = split_s3_url(url)

@@ -24,7 +24,14 @@ from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import Blob, ListPage, ObjectInfo, split_s3_url, validate_key
+from okq.store.base import (
+    DEFAULT_S3_TIMEOUT,
+    Blob,
+    ListPage,
+    ObjectInfo,
+    split_s3_url,
+    validate_key,
+)
 from okq.store.s3errors import no_credentials, s3_error, s3_failed
 
 
@@ -44,7 +51,7 @@ class S3Store:
         endpoint_url: str | None = None,
         region: str | None = None,
         pool_size: int = 64,
-        timeout: float = 30.0,
+        timeout: float = DEFAULT_S3_TIMEOUT,
     ) -> None:
         self.url = url
         self.bucket, self.prefix = split_s3_url(url)
