@@ -61,7 +61,13 @@ from okq.store.base import (
     split_s3_url,
     validate_key,
 )
-from okq.store.s3errors import CREDENTIALS_HELP, no_credentials, s3_error, s3_failed
+from okq.store.s3errors import (
+    CREDENTIALS_HELP,
+    TIMED_OUT,
+    no_credentials,
+    s3_error,
+    s3_failed,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -130,7 +136,7 @@ def _said(text: str) -> tuple[str, str]:
 def _cause(text: str) -> str:
     """Why a request got no answer, in a few words."""
     if "timed out" in text or "Timeout" in text:
-        return "no answer in time (--s3-timeout)"
+        return TIMED_OUT
     reason = _OS_REASON.search(text)
     if reason:
         return reason.group(1)

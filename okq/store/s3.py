@@ -21,7 +21,14 @@ from typing import Any
 
 import aioboto3
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
 from okq.store.base import (
@@ -32,7 +39,7 @@ from okq.store.base import (
     split_s3_url,
     validate_key,
 )
-from okq.store.s3errors import no_credentials, s3_error, s3_failed
+from okq.store.s3errors import NO_CONNECTION, TIMED_OUT, no_credentials, s3_error, s3_failed
 
 
 def _status(exc: ClientError) -> int:
@@ -96,6 +103,10 @@ class S3Store:
                    op: str) -> StorageError:
         if isinstance(exc, NoCredentialsError):
             return no_credentials("none in the environment, ~/.aws or a role", key)
+        if isinstance(exc, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
+            return s3_failed(op, key, TIMED_OUT)
+        if isinstance(exc, EndpointConnectionError):
+            return s3_failed(op, key, NO_CONNECTION)
         if not isinstance(exc, ClientError):
             return s3_failed(op, key, str(exc) or type(exc).__name__)
         status = _status(exc)

@@ -22,6 +22,12 @@ CREDENTIALS_HELP = (
 )
 
 
+#: The cause of a request that got no answer within the S3 timeout.
+TIMED_OUT = "no answer in time (--s3-timeout)"
+#: The cause of a request that could not connect.
+NO_CONNECTION = "cannot connect to the endpoint"
+
+
 def no_credentials(detail: str, key: str) -> StorageError:
     """The error of a request that found no AWS identity; ``detail`` says how it failed."""
     return StorageError(f"no S3 credentials ({detail}): {CREDENTIALS_HELP}", key=key,

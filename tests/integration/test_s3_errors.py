@@ -49,6 +49,25 @@ async def test_server_errors_and_a_missing_bucket_are_one_line(
                                 f"({op} {'a/' if op == 'LIST' else 'a/k'!r})"), line
         finally:
             await store.close()
+    with S3Proxy(moto_endpoint) as proxy:  # a request that never answers
+        store = open_store(f"s3://{BUCKET}/errs?client={client}", endpoint_url=proxy.endpoint,
+                           timeout=0.5)
+        try:
+            proxy.add(Rule(hold=True, hold_timeout=10))
+            with pytest.raises(StorageError) as caught:
+                await store.get("a/k")
+            assert _one_line(caught.value, proxy.endpoint) == \
+                "S3 GET 'a/k' failed: no answer in time (--s3-timeout)"
+        finally:
+            proxy.clear()
+            await store.close()
+    store = open_store(f"s3://{BUCKET}/p?client={client}", endpoint_url="http://127.0.0.1:9")
+    try:  # nothing listens there
+        with pytest.raises(StorageError) as caught:
+            await store.get("a/k")
+        assert _one_line(caught.value, "http://127.0.0.1:9").startswith("S3 GET 'a/k' failed: ")
+    finally:
+        await store.close()
     store = open_store(f"s3://no-such-bucket/p?client={client}", endpoint_url=moto_endpoint)
     try:
         for op, call in _calls(store):
