@@ -458,13 +458,14 @@ class Worker:
             await self._complete(item, outputs)
 
     def _failed(self, item: LeasedItemOut, error: str, exc: Exception | None) -> None:
-        """Log a handler's failure (with the traceback of an exception): a warning while
-        the item has attempts left, an error when the queue dead-letters it now."""
+        """Log a handler's failure in one line (with the traceback of an exception): a
+        warning while the item has attempts left, an error when the queue dead-letters
+        it now. The whole error is recorded on the item."""
         last = bool(self.max_attempts) and item.attempts >= self.max_attempts
         then = "dead-lettered: out of attempts" if last else "it will be retried"
         self.log.log(logging.ERROR if last else logging.WARNING,
                      "handler failed on %s (attempt %d): %s; %s", item.id, item.attempts,
-                     error, then, exc_info=exc)
+                     one_line(error), then, exc_info=exc)
 
     async def _complete(self, item: LeasedItemOut, outputs: Outputs | None) -> None:
         try:
@@ -524,6 +525,15 @@ class Worker:
     def _error(self, doing: str, item: LeasedItemOut, exc: OkqError) -> None:
         self.stats.errors.append(str(exc))
         self.log.error("%s %s failed: %s", doing, item.id, exc)
+
+
+def one_line(error: str) -> str:
+    """An error in one line: a several-line one (a command's stderr) as its first
+    line's lead ("exit 1") and its last line, where the cause usually is."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return error.strip()
+    return f"{lines[0].split(': ', 1)[0]}: ... {lines[-1]}"
 
 
 def _cancel_once(task: asyncio.Task[None]) -> None:
