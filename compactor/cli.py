@@ -102,7 +102,7 @@ class Seconds(click.types.FloatParamType):
 
 SECONDS = Seconds()
 #: The Settings fields the compactor uses; the rest are the node's.
-SETTINGS = ("store", "endpoint_url", "namespace", "self_check", "log_level")
+SETTINGS = ("store", "endpoint_url", "s3_timeout", "namespace", "self_check", "log_level")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PUBLISH_DEADLINE = EngineOptions().publish_timeout
 
@@ -190,7 +190,8 @@ def _check_safety_age(safety_age: float, settings: Settings) -> None:
 async def run(settings: Settings, options: CompactorOptions, once: bool, interval: float,
               metrics_port: int | None, all_namespaces: bool = False,
               metrics_host: str | None = None) -> None:
-    store = CountingStore(open_store(settings.store, endpoint_url=settings.endpoint_url))
+    store = CountingStore(open_store(settings.store, endpoint_url=settings.endpoint_url,
+                                     timeout=settings.s3_timeout))
     compactors: dict[str, Compactor] = {}
 
     def compactor_for(ns: str) -> Compactor:

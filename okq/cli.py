@@ -92,8 +92,18 @@ def serve(**flags: Any) -> None:
     try:
         asyncio.run(run_node(settings))
     except (OkqError, ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+        _exit_with_error(str(exc))
     exit_past_native_threads(0)  # everything is closed: see its docstring
+
+
+def _exit_with_error(message: str) -> typing.NoReturn:
+    """Say why the node could not run, in click's words, and exit with status 1: past
+    native threads (a missing bucket, found by the start-up self-check, used to end
+    in SIGABRT now and then when the interpreter finalised; see
+    ``exit_past_native_threads``)."""
+    click.echo(f"Error: {' '.join(message.split())}", err=True)
+    exit_past_native_threads(1)
+    sys.exit(1)
 
 
 async def run_node(settings: Settings) -> None:
@@ -101,10 +111,15 @@ async def run_node(settings: Settings) -> None:
     from okq.server.listener import listen
     from okq.server.state import advertise
 
-    store = open_store(settings.store, endpoint_url=settings.endpoint_url)
+    store = open_store(settings.store, endpoint_url=settings.endpoint_url,
+                       timeout=settings.s3_timeout)
     app = create_app(settings, store)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=30)
-    await runner.setup()
+    try:
+        await runner.setup()  # the store's self-check: a missing bucket fails here
+    except BaseException:
+        await store.close()  # nothing else was started; its connections were
+        raise
     server = None
     try:
         server = await listen(runner, settings)

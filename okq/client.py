@@ -4,12 +4,20 @@ importable from here); ``Client`` is one of the ``okq.worker.Queues`` it runs on
 
 Errors come back as okq's own exception classes (``okq.errors``), chosen by the
 ``code`` of the error body, so ``except LeaseLost`` works the same in library
-mode and over HTTP.
+mode and over HTTP. No node answering (refused, reset, timed out, or a load
+balancer's 502 / 503 / 504) is ``Unavailable``.
+
+A call that fails with a retryable error (``okq.retrying``) is sent again with
+exponential backoff and jitter (``backoff``: 5 tries in all by default), unless
+it may have taken effect and is not harmless to repeat: an unkeyed produce, a
+purge, a create, a delete, a redrive or a key change whose outcome is unknown is
+never sent twice; it raises ``OutcomeUnknown`` instead, and logs a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl as ssl_
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -21,13 +29,32 @@ import msgpack
 from pydantic import BaseModel
 
 from okq import wire as s
-from okq.errors import BY_CODE, OkqError, Overloaded, QueueExists, StorageError
+from okq.errors import BY_CODE, OkqError, OutcomeUnknown, Overloaded, QueueExists, Unavailable
+from okq.retrying import DEFAULT_BACKOFF, Backoff, maybe_done, retryable
 from okq.worker import Worker as Worker  # the worker loop lives in okq.worker
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 Item = bytes | str | s.ProduceItem
+
+log = logging.getLogger("okq.client")
+
+#: Calls that are harmless to send twice: reads, leases (an item leased to nobody
+#: comes back at its lease timeout), and the fenced lease transitions and updates.
+#: A produce is, when every item carries an idempotency key.
+REPEATABLE = frozenset({
+    "queue.lease", "queue.renew", "queue.complete", "queue.retry", "queue.stats",
+    "items.list", "queues.list", "queues.info", "queues.update", "keys.list",
+})
+#: Statuses a load balancer answers for a node that is down or did not answer.
+GATEWAY = frozenset({502, 503, 504})
+
+
+def _repeatable(path: str, body: dict[str, Any]) -> bool:
+    if path == "queue.produce":
+        return all(isinstance(i, dict) and i.get("key") for i in body.get("items", ()))
+    return path in REPEATABLE
 
 
 def _item(value: Item) -> dict[str, Any]:
@@ -50,10 +77,14 @@ class Client:
         api_key: str | None = None,
         namespace: str | None = None,
         ssl: ssl_.SSLContext | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         """``namespace``: where an operator key acts (a namespace key acts in its own);
-        ``ssl``: how to check an HTTPS node (default: the system's certificates)."""
+        ``ssl``: how to check an HTTPS node (default: the system's certificates);
+        ``backoff``: how retryable failures are tried again (``okq.retrying.NO_RETRIES``
+        turns retries off)."""
         self.url = url.rstrip("/")
+        self.backoff = backoff
         self.api_key = api_key
         self.namespace = namespace
         self.ssl = ssl
@@ -81,8 +112,38 @@ class Client:
         return self._session
 
     async def call(self, path: str, body: dict[str, Any], model: type[M],
-                   *, wait: float = 0.0) -> M:
-        """POST a msgpack body to ``/v1/{path}``; parse the reply as ``model``."""
+                   *, wait: float = 0.0, repeatable: bool | None = None) -> M:
+        """POST a msgpack body to ``/v1/{path}``; parse the reply as ``model``. A
+        retryable failure is tried again (see the module docstring); ``repeatable``
+        says whether the call is harmless to send twice (default: by ``path``)."""
+        safe = _repeatable(path, body) if repeatable is None else repeatable
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await self._call_once(path, body, model, wait)
+            except OkqError as exc:
+                if not retryable(exc) or tries >= self.backoff.attempts:
+                    raise
+                if maybe_done(exc) and not safe:
+                    raise self._unknown(path, body, exc) from exc
+                delay = self.backoff.delay(tries, exc)
+                log.info("%s to %s failed: %s; trying again in %.2f s (try %d of %d)",
+                         path, self.url, exc, delay, tries + 1, self.backoff.attempts)
+                await asyncio.sleep(delay)
+
+    def _unknown(self, path: str, body: dict[str, Any], exc: OkqError) -> OutcomeUnknown:
+        """The error of a call that may have taken effect and is not sent again."""
+        what = f"{path} of queue {body['queue_name']!r}" if "queue_name" in body else path
+        hint = ("; it is not sent again, as its items carry no idempotency keys: give "
+                "each item a key (ProduceItem(key=...)) to let the client retry it safely"
+                if path == "queue.produce" else "; it is not sent again")
+        message = f"{what} may or may not have taken effect ({exc.message}){hint}"
+        log.warning("%s", message)
+        return OutcomeUnknown(message, url=self.url, status=exc.details.get("status"))
+
+    async def _call_once(self, path: str, body: dict[str, Any], model: type[M],
+                         wait: float) -> M:
         data = msgpack.packb(body, use_bin_type=True, datetime=True)
         headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
         if self.api_key:
@@ -96,8 +157,15 @@ class Client:
                 raw = await resp.read()
                 status = resp.status
                 retry_after = resp.headers.get("Retry-After")
+        except aiohttp.ClientSSLError as exc:
+            raise OkqError(f"TLS with {self.url} failed: {exc}", url=self.url) from exc
+        except aiohttp.ClientConnectorError as exc:  # no connection: nothing was sent
+            raise Unavailable(f"cannot reach okq at {self.url}: {exc}", sent=False,
+                              url=self.url) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise StorageError(f"cannot reach okq at {self.url}: {exc}") from exc
+            what = str(exc) or type(exc).__name__
+            raise Unavailable(f"no answer from okq at {self.url}: {what}",
+                              url=self.url) from exc
         try:
             decoded = msgpack.unpackb(raw, raw=False) if raw else None
         except Exception:
@@ -110,7 +178,11 @@ class Client:
         return model.model_validate(decoded)
 
     def _not_okq(self, status: int, what: str) -> OkqError:
-        """The reply of something that is not an okq node (a wrong URL or port)."""
+        """The reply of something that is not an okq node (a wrong URL or port), or of a
+        load balancer whose nodes did not answer (502, 503, 504)."""
+        if status in GATEWAY:
+            return Unavailable(f"{self.url} answered HTTP {status} with {what}: no okq node "
+                               "answered behind it", status=status, url=self.url)
         return OkqError(f"{self.url} answered HTTP {status} with {what}; is it an okq node?",
                         status=status, url=self.url, not_okq=True)
 
@@ -249,13 +321,13 @@ class SyncClient:
 
     def __init__(self, url: str = "http://127.0.0.1:7878", *, timeout: float = 60.0,
                  api_key: str | None = None, namespace: str | None = None,
-                 ssl: ssl_.SSLContext | None = None) -> None:
+                 ssl: ssl_.SSLContext | None = None, backoff: Backoff = DEFAULT_BACKOFF) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="okq-sync-client")
         self._thread.start()
         self._client = Client(url, timeout=timeout, api_key=api_key, namespace=namespace,
-                              ssl=ssl)
+                              ssl=ssl, backoff=backoff)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

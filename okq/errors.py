@@ -29,6 +29,10 @@
     ├── PublishAborted             a produce missed its publish deadline or was fenced
     │                              by the garbage-collection floor; nothing was
     │                              published, retrying is safe               (HTTP 503)
+    ├── Unavailable                (client side) no okq node answered: the connection
+    │                              was refused, reset or timed out, or a proxy said
+    │                              502 / 503 / 504; ``sent`` says whether the request
+    │                              may have reached a node
     └── FormatError                an object's bytes do not decode; keeps the bytes
 
 The HTTP status of each class is its ``status`` attribute; one middleware maps
@@ -190,6 +194,20 @@ class PublishAborted(OkqError):
     status = 503
 
 
+class Unavailable(OkqError):
+    """No okq node answered (raised by the client, never by a node): the connection
+    was refused, reset or timed out, or a load balancer answered 502, 503 or 504.
+    ``sent`` is False only when the request surely reached no node (a refused
+    connection): then nothing was done; otherwise it may have been."""
+
+    code = "unavailable"
+    status = 503
+
+    def __init__(self, message: str, *, sent: bool = True, **details: Any) -> None:
+        super().__init__(message, sent=sent, **details)
+        self.sent = sent
+
+
 class FormatError(OkqError):
     """Stored bytes do not decode as the expected object; ``data`` keeps them."""
 
@@ -221,6 +239,7 @@ ALL_ERRORS: tuple[type[OkqError], ...] = (
     TooLarge,
     Overloaded,
     PublishAborted,
+    Unavailable,
     FormatError,
 )
 BY_CODE: dict[str, type[OkqError]] = {cls.code: cls for cls in ALL_ERRORS}

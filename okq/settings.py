@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from okq.engine import EngineOptions
 from okq.keys import check_name
 from okq.limits import MAX_BATCH_MAX, REQUEST_TIMEOUT_MAX
-from okq.store import DEFAULT_S3_CLIENT
+from okq.store import DEFAULT_S3_CLIENT, DEFAULT_S3_TIMEOUT
 
 log = logging.getLogger("okq.settings")
 
@@ -43,6 +43,11 @@ class Settings(BaseSettings):
         "obstore",
         description="the S3 client of s3:// stores: obstore (Rust, a fifth of aioboto3's CPU "
         "per request) or aioboto3; a client=... in the store URL wins",
+    )
+    s3_timeout: float = Field(
+        DEFAULT_S3_TIMEOUT, gt=0, le=600,
+        description="seconds one S3 request may take, connecting included, before it fails "
+        "and okq retries it: the longest a request that never answers stalls a queue",
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(7878, ge=0, le=65535, description="port to listen on (0: any free port)")

@@ -10,8 +10,10 @@ straight to the dead-letter queue with the reason. On SIGTERM or SIGINT the
 worker stops leasing, lets running commands finish for up to ``grace``
 seconds, then terminates them and releases their items.
 
-The loop (leasing, renewing, finishing, stopping) is ``okq.worker.Worker``, the
-same as the Python worker's; this module adds the command as its handler.
+The loop (leasing, renewing, finishing, stopping, waiting out a node or store
+that is down) is ``okq.worker.Worker``, the same as the Python worker's; this
+module adds the command as its handler. docs/API.md's table "Failures and
+retries" says what each failure does to both.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import os
 import signal
 from dataclasses import dataclass
 
-from okq.errors import OkqError
 from okq.wire import LeasedItemOut
 from okq.worker import DeadLetter, Failed, Outputs, Queues, Worker
 
@@ -39,7 +40,7 @@ class WorkOptions:
     argv: list[str]
     shell: bool = False
     concurrency: int = 1
-    lease_timeout: float = 60.0
+    lease_timeout: float | None = None  # None: the queue's
     poll: float = 2.0  # long-poll length: also how long an idle worker takes to stop
     backoff_base: float = 1.0
     backoff_max: float = 300.0
@@ -74,7 +75,6 @@ async def _stop_command(pid: int, talk: asyncio.Future[tuple[bytes, bytes]]) -> 
 class ShellWorker(Worker):
     """The worker loop of ``okq.worker`` with a command as its handler."""
 
-    lease_errors = (OkqError,)  # whatever a lease fails with, wait it out and go on
     fatal = (Exception,)  # a command that cannot run (not found, say) stops the worker
     unfinished = "worker stopped before the command finished"
     log = log
@@ -86,6 +86,9 @@ class ShellWorker(Worker):
                          backoff_max=options.backoff_max, grace=options.grace,
                          limit=options.limit)
         self.o = options
+
+    def queues_used(self) -> list[str]:
+        return [self.queue, *([self.o.out_queue] if self.o.out_queue else [])]
 
     def install_signals(self) -> None:
         loop = asyncio.get_running_loop()

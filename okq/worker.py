@@ -7,9 +7,12 @@ gives them to an ``Engine`` in this process (library mode). Both hand the
 handler the same item: ``okq.wire.LeasedItemOut``.
 
 ``Worker`` is the loop: lease up to ``concurrency`` items at a time, run the
-handler on each while its lease is renewed every half lease timeout, complete
-what returns, retry what raises after a backoff (the queue's ``max_attempts``
-then dead-letters it), stop gracefully. The Python worker and ``okq work``
+handler on each while its lease is renewed every half lease timeout (the
+queue's, unless the worker is given its own), complete what returns, retry what
+raises after a backoff (the queue's ``max_attempts`` then dead-letters it), stop
+gracefully. A failure that trying again may outlast (``okq.retrying.retryable``:
+no node answering, overload, the store failing) never stops it: it waits with
+exponential backoff and goes on, at start as while running. The Python worker and ``okq work``
 (``okq.shellwork``) both run on it. A handler finishes its item by how it ends:
 
 - returns ``None``: the item is completed;
@@ -25,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from okq.errors import InvalidRequest, LeaseLost, OkqError, Overloaded, StorageError, TooLarge
+from okq.errors import InvalidRequest, LeaseLost, OkqError, TooLarge
+from okq.retrying import jittered, retryable
 from okq.wire import LeasedItemOut, leased_item_out, to_datetime
 
 if TYPE_CHECKING:
@@ -41,19 +44,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("okq.worker")
 
 
-class MaxAttempts(Protocol):
+class QueueSettings(Protocol):
     """A queue's settings, as far as a worker reads them."""
 
     @property
     def max_attempts(self) -> int: ...
+
+    @property
+    def lease_timeout(self) -> float: ...
 
 
 class Queues(Protocol):
     """The calls a worker makes: ``Client`` over HTTP, ``EngineQueues`` in this process.
 
     Errors are okq's own (``okq.errors``) either way: ``LeaseLost`` when a token's
-    delivery is over, ``Overloaded`` / ``StorageError`` when trying again later
-    may help.
+    delivery is over; ``okq.retrying.retryable`` ones (``Unavailable``,
+    ``Overloaded``, ``StorageError``, ...) when trying again later may help.
     """
 
     async def lease(self, queue: str, batch_size: int = 1, *,
@@ -79,7 +85,7 @@ class Queues(Protocol):
         """Release a delivery: ready again at ``retry_at`` (now by default), or
         dead-lettered; ``count_attempt=False`` gives it back without spending a try."""
 
-    async def queue_info(self, name: str) -> MaxAttempts:
+    async def queue_info(self, name: str) -> QueueSettings:
         """The queue's settings."""
 
 
@@ -159,15 +165,15 @@ Handler = Callable[[LeasedItemOut], Awaitable[Outputs | None]]
 def backoff_until(attempts: int, base: float, cap: float) -> datetime:
     """When to retry after ``attempts`` deliveries: ``base * 2**(attempts-1)`` seconds,
     capped, with jitter (50-100 %)."""
-    delay = min(cap, base * 2 ** (attempts - 1)) * (0.5 + random.random() / 2)
-    return datetime.now(UTC) + timedelta(seconds=delay)
+    return datetime.now(UTC) + timedelta(seconds=jittered(base, cap, attempts))
 
 
 async def keep_renewed(client: Queues, queue: str, item: LeasedItemOut,
-                       lease_timeout: float) -> None:
-    """Renew a lease every half lease timeout until cancelled or the lease is lost."""
+                       lease_timeout: float | None, every: float) -> None:
+    """Renew a lease every ``every`` seconds (half its lease timeout) until cancelled
+    or the lease is lost; ``lease_timeout`` None renews for the queue's."""
     while True:
-        await asyncio.sleep(lease_timeout / 2)
+        await asyncio.sleep(every)
         try:
             await client.renew(queue, item.token, lease_timeout)
         except LeaseLost:
@@ -200,7 +206,9 @@ class Worker:
     """Lease items and run ``handler`` on each, at most ``concurrency`` at a time.
 
     ``client`` is a ``Client`` (over HTTP) or ``EngineQueues(engine)`` (library
-    mode). While a handler runs its lease is renewed every half lease timeout. A
+    mode). Items are leased for ``lease_timeout`` seconds, the queue's own by
+    default (read as the worker starts). While a handler runs its lease is renewed
+    every half lease timeout. A
     handler that returns completes the item; one that raises retries it after a
     backoff (``backoff_base * 2**(attempts-1)``, capped, with jitter), recording the
     error; the queue's max_attempts then dead-letters it (``Outputs``, ``Failed``
@@ -215,13 +223,20 @@ class Worker:
     running handlers are cancelled and their items released without counting an
     attempt, then the cancellation goes on. An item whose release cannot reach
     okq, or that a lease request cut short had just leased, returns when its lease
-    times out. An error the worker cannot outlast (a lease error not in
-    ``lease_errors``, a handler exception in ``fatal``) stops it the same way and
-    is raised by ``run()``.
+    times out. A retryable error (``okq.retrying.retryable``: no node answering,
+    overload, the store failing) while it reads the queue's settings or leases is
+    waited out, backing off from ``wait_base`` up to ``wait_max`` seconds; an error
+    the worker cannot outlast (any other, such as ``QueueNotFound`` or
+    ``Unauthorized``, or a handler exception in ``fatal``) stops it the same way
+    and is raised by ``run()``. A handler's exception is logged with the item's id
+    and attempt: a warning while the item will be tried again, an error when it
+    is dead-lettered.
     """
 
-    #: lease errors the worker waits out (backing off 1-2 s); another one stops it
-    lease_errors: ClassVar[tuple[type[OkqError], ...]] = (Overloaded, StorageError)
+    #: how long a worker waits after its n-th failure in a row to read or lease:
+    #: ``jittered(wait_base, wait_max, n)`` seconds
+    wait_base: ClassVar[float] = 0.5
+    wait_max: ClassVar[float] = 10.0
     #: handler exceptions that stop the worker rather than fail the item
     fatal: ClassVar[tuple[type[Exception], ...]] = ()
     #: the error recorded on an item released because the worker stopped
@@ -235,7 +250,7 @@ class Worker:
         handler: Handler,
         *,
         concurrency: int = 4,
-        lease_timeout: float = 30.0,
+        lease_timeout: float | None = None,
         poll: float = 10.0,
         backoff_base: float = 1.0,
         backoff_max: float = 300.0,
@@ -256,6 +271,8 @@ class Worker:
         self.limit = limit
         self.stats = WorkStats()
         self.max_attempts = 0  # the queue's, read at start: to count dead letters
+        self.renew_every = 0.0  # half the lease timeout: the worker's, or the queue's
+        self._failures = 0  # reads or leases failed in a row
         self._stop = asyncio.Event()
         self._running: dict[asyncio.Task[None], LeasedItemOut] = {}
         self._fatal: BaseException | None = None
@@ -276,7 +293,7 @@ class Worker:
         release what is running and re-raise (see the class docstring)."""
         timer = None if self.grace is None else asyncio.create_task(self._grace(self.grace))
         try:
-            self.max_attempts = (await self.client.queue_info(self.queue)).max_attempts
+            await self._start()
             await self._lease_until_stopped()
             await self._wait_running()
             if self._fatal is not None:
@@ -288,6 +305,37 @@ class Worker:
             if timer is not None:
                 timer.cancel()
         return self.stats
+
+    # -- starting and waiting out failures ------------------------------------------------
+
+    def queues_used(self) -> list[str]:
+        """The queues whose existence the worker checks as it starts."""
+        return [self.queue]
+
+    async def _start(self) -> None:
+        """Read the queue's settings (and check the queues exist), waiting out failures
+        that may pass: a worker started while its node is down waits for it."""
+        while not self._stop.is_set():
+            try:
+                infos = [await self.client.queue_info(q) for q in self.queues_used()]
+            except OkqError as exc:
+                if not retryable(exc):
+                    raise
+                await self._wait_out("reading the settings of", exc)
+                continue
+            self._failures = 0
+            self.max_attempts = infos[0].max_attempts
+            self.renew_every = (self.lease_timeout or infos[0].lease_timeout) / 2
+            return
+
+    async def _wait_out(self, doing: str, exc: OkqError) -> None:
+        """Back off after a retryable failure, or until the worker is stopped."""
+        self._failures += 1
+        delay = jittered(self.wait_base, self.wait_max, self._failures)
+        self.log.warning("%s %s failed: %s; trying again in %.1f s", doing, self.queue, exc,
+                         delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), delay)
 
     # -- leasing -------------------------------------------------------------------------
 
@@ -337,12 +385,14 @@ class Worker:
         finally:
             stop.cancel()
         try:
-            return await lease
-        except self.lease_errors as exc:
-            self.log.warning("lease from %s failed: %s; backing off", self.queue, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), 1 + random.random())
+            items = await lease
+        except OkqError as exc:
+            if not retryable(exc):
+                raise
+            await self._wait_out("leasing from", exc)
             return []
+        self._failures = 0
+        return items
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -383,7 +433,7 @@ class Worker:
 
     async def _work(self, item: LeasedItemOut) -> None:
         renewer = asyncio.create_task(
-            keep_renewed(self.client, self.queue, item, self.lease_timeout))
+            keep_renewed(self.client, self.queue, item, self.lease_timeout, self.renew_every))
         try:
             try:
                 outputs = await self.handler(item)
@@ -391,17 +441,31 @@ class Worker:
                 renewer.cancel()
         except DeadLetter as exc:
             self.stats.failed += 1
+            self.log.warning("handler dead-lettered %s (attempt %d): %s", item.id,
+                             item.attempts, exc.reason)
             await self._dead(item, exc.reason)
         except Failed as exc:
             self.stats.failed += 1
+            self._failed(item, exc.error, None)
             await self._retry(item, exc.error)
         except self.fatal:
             raise
         except Exception as exc:  # the handler's failure is the item's failure
             self.stats.failed += 1
+            self._failed(item, f"{type(exc).__name__}: {exc}", exc)
             await self._retry(item, f"{type(exc).__name__}: {exc}")
         else:
             await self._complete(item, outputs)
+
+    def _failed(self, item: LeasedItemOut, error: str, exc: Exception | None) -> None:
+        """Log a handler's failure in one line (with the traceback of an exception): a
+        warning while the item has attempts left, an error when the queue dead-letters
+        it now. The whole error is recorded on the item."""
+        last = bool(self.max_attempts) and item.attempts >= self.max_attempts
+        then = "dead-lettered: out of attempts" if last else "it will be retried"
+        self.log.log(logging.ERROR if last else logging.WARNING,
+                     "handler failed on %s (attempt %d): %s; %s", item.id, item.attempts,
+                     one_line(error), then, exc_info=exc)
 
     async def _complete(self, item: LeasedItemOut, outputs: Outputs | None) -> None:
         try:
@@ -461,6 +525,15 @@ class Worker:
     def _error(self, doing: str, item: LeasedItemOut, exc: OkqError) -> None:
         self.stats.errors.append(str(exc))
         self.log.error("%s %s failed: %s", doing, item.id, exc)
+
+
+def one_line(error: str) -> str:
+    """An error in one line: a several-line one (a command's stderr) as its first
+    line's lead ("exit 1") and its last line, where the cause usually is."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return error.strip()
+    return f"{lines[0].split(': ', 1)[0]}: ... {lines[-1]}"
 
 
 def _cancel_once(task: asyncio.Task[None]) -> None:

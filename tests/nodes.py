@@ -68,10 +68,12 @@ def okq_node(
     extra: list[str] | None = None,
     env: dict[str, str] | None = None,
     command: list[str] | None = None,
+    port: int | None = None,
 ) -> Iterator[Node]:
-    """``okq serve`` on a free loopback port, stopped on exit; ``command`` replaces
-    ``python -m okq.cli`` (a benchmark that starts okq's entry point its own way)."""
-    port = free_port()
+    """``okq serve`` on a free loopback port (or ``port``), stopped on exit; ``command``
+    replaces ``python -m okq.cli`` (a benchmark that starts okq's entry point its own
+    way)."""
+    port = port or free_port()
     args = [*(command or [sys.executable, "-m", "okq.cli"]), "serve", "--store", store,
             "--port", str(port), "--log-level", "WARNING", *(extra or [])]
     if endpoint_url:

@@ -173,7 +173,9 @@ async def items(ctx: Ctx, c: Client, queue: str, limit: int, all_: bool) -> None
 @click.option("-Q", "--out-queue", help="produce each stdout line to this queue")
 @click.option("-c", "--command", "shell", help="a shell command line instead of ARGV")
 @click.option("--concurrency", "-j", type=int, default=1, show_default=True)
-@click.option("--lease-timeout", type=float, default=60.0, show_default=True)
+@click.option("--lease-timeout", type=float, default=None,
+              help="seconds each item is leased for, renewed at half of it while its "
+              "command runs [default: the queue's]")
 @click.option("--backoff", type=float, default=1.0, show_default=True,
               help="first retry delay in seconds; doubles with each attempt")
 @click.option("--grace", type=float, default=30.0, show_default=True,
@@ -184,7 +186,7 @@ async def items(ctx: Ctx, c: Client, queue: str, limit: int, all_: bool) -> None
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 @run
 async def work(ctx: Ctx, c: Client, queue: str, out_queue: str | None, shell: str | None,
-               concurrency: int, lease_timeout: float, backoff: float, grace: float,
+               concurrency: int, lease_timeout: float | None, backoff: float, grace: float,
                limit: int | None, argv: tuple[str, ...]) -> None:
     """Run a command for each item: okq work -q IN [-Q OUT] -- COMMAND [ARG...]
 
@@ -201,9 +203,6 @@ async def work(ctx: Ctx, c: Client, queue: str, out_queue: str | None, shell: st
         raise click.UsageError("give a command after -- or with -c, not both")
     if concurrency < 1:
         raise click.BadParameter("must be at least 1", param_hint="--concurrency")
-    await c.queue_info(queue)
-    if out_queue:
-        await c.queue_info(out_queue)
     worker = ShellWorker(c, WorkOptions(
         queue=queue, out_queue=out_queue, argv=[shell] if shell else list(argv),
         shell=bool(shell), concurrency=concurrency, lease_timeout=lease_timeout,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
-from okq.store.base import Blob, ListPage, ObjectInfo, Store, list_all
+from okq.store.base import DEFAULT_S3_TIMEOUT, Blob, ListPage, ObjectInfo, Store, list_all
 from okq.store.counting import CountingStore
 from okq.store.faulty import FaultyStore, SimulatedCrash
 from okq.store.file import FileStore
@@ -31,6 +31,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "DEFAULT_S3_TIMEOUT",
     "Blob",
     "CountingStore",
     "FaultyStore",
@@ -53,7 +54,8 @@ DEFAULT_S3_CLIENT = "obstore"
 
 
 def open_store(
-    url: str, *, endpoint_url: str | None = None, region: str | None = None, pool_size: int = 64
+    url: str, *, endpoint_url: str | None = None, region: str | None = None, pool_size: int = 64,
+    timeout: float = DEFAULT_S3_TIMEOUT,
 ) -> Store:
     """Open the store a URL names.
 
@@ -63,6 +65,7 @@ def open_store(
       or any compatible server; credentials and region come from the AWS
       environment. ``client`` picks the S3 client: ``obstore`` (the default: Rust,
       a fifth of aioboto3's CPU per call; okq/store/obstore.py) or ``aioboto3``.
+      ``timeout`` bounds each S3 request, in seconds (both clients).
     """
     parsed = urlparse(url)
     if parsed.scheme == "memory":
@@ -80,12 +83,14 @@ def open_store(
         if client == "obstore":
             from okq.store.obstore import ObstoreS3Store
 
-            return ObstoreS3Store(base, endpoint_url=endpoint, region=region, pool_size=pool_size)
+            return ObstoreS3Store(base, endpoint_url=endpoint, region=region, pool_size=pool_size,
+                                  timeout=timeout)
         if client != "aioboto3":
             raise ValueError(f"unknown S3 client {client!r} in {url!r}: aioboto3 or obstore")
         from okq.store.s3 import S3Store
 
-        return S3Store(base, endpoint_url=endpoint, region=region, pool_size=pool_size)
+        return S3Store(base, endpoint_url=endpoint, region=region, pool_size=pool_size,
+                       timeout=timeout)
     raise ValueError(f"unknown store URL scheme {parsed.scheme!r} in {url!r}")
 
 

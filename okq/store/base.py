@@ -29,6 +29,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlparse
 
+#: Seconds one S3 request may take (connecting included) before it fails as a
+#: StorageError, which okq's callers retry or resolve by re-reading: the longest
+#: one request that never answers stalls a queue (docs/OPERATIONS.md). Above the
+#: 1-6 s a losing conditional write can wait on SeaweedFS.
+DEFAULT_S3_TIMEOUT = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class Blob:

@@ -12,10 +12,13 @@ What differs underneath, and how the contract is still kept:
 * Errors: obstore raises ``FileNotFoundError`` for 404, ``PreconditionError`` /
   ``AlreadyExistsError`` for lost conditions (it already turns a 404 on
   If-Match into ``PreconditionError``), and carries the HTTP status and the
-  server's XML only in the message. They are translated as s3.py translates
-  botocore's: ``NoSuchBucket`` is a plain StorageError, 412 / 409 / 404-on-a-
-  condition CASConflict, 404 ObjectNotFound, anything else (timeouts,
-  refused connections, 5xx) StorageError.
+  server's XML only in the message, inside a debug dump of 25-40 lines. They
+  are translated as s3.py translates botocore's: ``NoSuchBucket`` is a plain
+  StorageError, 412 / 409 / 404-on-a-condition CASConflict, 404 ObjectNotFound,
+  anything else (timeouts, refused connections, 5xx) StorageError, each with
+  one line of okq/store/s3errors.py (status, operation, key, the S3 error code
+  and message), never the dump. A failed request to the instance metadata
+  service (no credentials in the environment) says which variables to set.
 * ``object_store`` has no If-Match on DELETE: a conditional delete checks the
   ETag with a HEAD, as s3.py does, then sends the DELETE with If-Match on a
   URL obstore presigns, through aiohttp. Only a sequencer leaving cleanly
@@ -50,7 +53,21 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import S3Store as _ObjectStoreS3
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import Blob, ListPage, ObjectInfo, split_s3_url, validate_key
+from okq.store.base import (
+    DEFAULT_S3_TIMEOUT,
+    Blob,
+    ListPage,
+    ObjectInfo,
+    split_s3_url,
+    validate_key,
+)
+from okq.store.s3errors import (
+    CREDENTIALS_HELP,
+    TIMED_OUT,
+    no_credentials,
+    s3_error,
+    s3_failed,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -80,6 +97,16 @@ def _no_credentials() -> bool:
 OPENED = False
 
 _STATUS = re.compile(r"status code: (\d{3})")
+#: The body a server sent with its status: up to the debug dump.
+_BODY = re.compile(r"status code: \d{3}[^:]*: (.*?)(?:\n\nDebug source:|$)", re.S)
+_CODE = re.compile(r"<Code>([^<]*)</Code>")
+_MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
+#: A request for an identity to the instance metadata service (169.254.169.254).
+_METADATA = re.compile(r"Error performing \w+ \S*/latest/(?:api/token|meta-data/)")
+#: The operating system's reason for a failed connection, in the debug dump.
+_OS_REASON = re.compile(r'kind: \w+,\s*message: "([^"]+)"')
+#: The first line's cause: "Error performing GET URL in 1.2ms - CAUSE".
+_CAUSE = re.compile(r" in [\d.]+\S* - ([^\n]+)")
 
 #: What the store's calls raise for a failed request: obstore's own errors, and
 #: FileNotFoundError (an OSError) for a 404.
@@ -96,6 +123,27 @@ def _etag(value: str | None) -> str:
     return (value or "").strip('"')
 
 
+def _said(text: str) -> tuple[str, str]:
+    """The S3 error code and message a server sent, or ("", its body's first line)."""
+    found = _BODY.search(text)
+    body = found.group(1).strip() if found else ""
+    code, message = _CODE.search(body), _MESSAGE.search(body)
+    if code:
+        return code.group(1), message.group(1) if message else ""
+    return "", body.splitlines()[0][:200] if body else ""
+
+
+def _cause(text: str) -> str:
+    """Why a request got no answer, in a few words."""
+    if "timed out" in text or "Timeout" in text:
+        return TIMED_OUT
+    reason = _OS_REASON.search(text)
+    if reason:
+        return reason.group(1)
+    found = _CAUSE.search(text)
+    return found.group(1).strip() if found else text.splitlines()[0][:200]
+
+
 class ObstoreS3Store:
     def __init__(
         self,
@@ -104,7 +152,7 @@ class ObstoreS3Store:
         endpoint_url: str | None = None,
         region: str | None = None,
         pool_size: int = 64,
-        timeout: float = 30.0,
+        timeout: float = DEFAULT_S3_TIMEOUT,
     ) -> None:
         self.url = url
         self.bucket, self.prefix = split_s3_url(url)
@@ -137,8 +185,8 @@ class ObstoreS3Store:
         identity and it is off: object_store would ask it (169.254.169.254) anyway."""
         if self._no_identity:
             raise StorageError("no AWS credentials: AWS_EC2_METADATA_DISABLED is set and "
-                               "no AWS_ACCESS_KEY_ID, web identity or container role is",
-                               key=key)
+                               "no AWS_ACCESS_KEY_ID, web identity or container role is; "
+                               + CREDENTIALS_HELP, key=key)
 
     def _key(self, key: str) -> str:
         self._check_identity(key)
@@ -148,13 +196,18 @@ class ObstoreS3Store:
     def _unkey(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
-    def _translate(self, exc: BaseException, key: str, conditional: bool) -> StorageError:
-        """Map an obstore failure onto okq's errors exactly as s3.py maps botocore's."""
+    def _translate(self, exc: BaseException, key: str, conditional: bool,
+                   op: str) -> StorageError:
+        """Map an obstore failure onto okq's errors exactly as s3.py maps botocore's,
+        each in one line (okq/store/s3errors.py)."""
         text = str(exc)
         status = _status_of(text)
-        if "<Code>NoSuchBucket</Code>" in text:
-            # A misconfiguration, not a lost condition or a missing object.
-            return StorageError(f"no bucket {self.bucket!r}: {text}", key=key, status=status)
+        if _METADATA.search(text):
+            answer = f"HTTP {status}" if status else _cause(text)
+            return no_credentials(f"the instance metadata service answered {answer}", key)
+        code, message = _said(text)
+        if code == "NoSuchBucket":  # a misconfiguration, not a lost condition
+            return s3_error(status, code, message, op, key, self.bucket)
         lost = isinstance(exc, PreconditionError | AlreadyExistsError)
         if lost or status in (412, 409) or (status == 404 and conditional):
             return CASConflict(f"conditional write to {key!r} lost ({status})", key=key)
@@ -163,8 +216,8 @@ class ObstoreS3Store:
                 return CASConflict(f"conditional write to {key!r} lost (404)", key=key)
             return ObjectNotFound(f"no object {key!r}", key=key)
         if status:
-            return StorageError(f"S3 {status} on {key!r}: {text}", key=key, status=status)
-        return StorageError(f"S3 request for {key!r} failed: {text}", key=key)
+            return s3_error(status, code, message, op, key, self.bucket)
+        return s3_failed(op, key, _cause(text))
 
     async def _native(self, call: Awaitable[T]) -> T:
         """Await a call into obstore, which runs on to its end even when the caller
@@ -184,14 +237,14 @@ class ObstoreS3Store:
         try:
             data, etag = await self._native(self._get(self._key(key)))
         except _FAILURES as exc:
-            raise self._translate(exc, key, False) from exc
+            raise self._translate(exc, key, False, "GET") from exc
         return Blob(data, _etag(etag))
 
     async def head(self, key: str) -> ObjectInfo:
         try:
             meta = await self._native(obstore.head_async(self._store, self._key(key)))
         except _FAILURES as exc:
-            raise self._translate(exc, key, False) from exc
+            raise self._translate(exc, key, False, "HEAD") from exc
         return ObjectInfo(key, _etag(meta["e_tag"]), int(meta["size"]),
                           meta["last_modified"].timestamp())
 
@@ -216,7 +269,7 @@ class ObstoreS3Store:
             result = await self._native(obstore.put_async(self._store, full, data, mode=mode,
                                                           use_multipart=False))
         except _FAILURES as exc:
-            raise self._translate(exc, key, mode != "overwrite") from exc
+            raise self._translate(exc, key, mode != "overwrite", "PUT") from exc
         return _etag(result["e_tag"])
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
@@ -227,7 +280,7 @@ class ObstoreS3Store:
         try:
             await self._native(obstore.delete_async(self._store, full))
         except _FAILURES as exc:
-            err = self._translate(exc, key, False)
+            err = self._translate(exc, key, False, "DELETE")
             if not isinstance(err, ObjectNotFound):
                 raise err from exc
 
@@ -249,10 +302,10 @@ class ObstoreS3Store:
             async with http.delete(url, headers={"If-Match": f'"{if_match}"'}) as resp:
                 status, body = resp.status, await resp.text()
         except (*_FAILURES, aiohttp.ClientError) as exc:
-            raise self._translate(exc, key, True) from exc
+            raise self._translate(exc, key, True, "DELETE") from exc
         if status >= 300:
             failure = f"status code: {status}: {body}"
-            raise self._translate(StorageError(failure), key, True)
+            raise self._translate(StorageError(failure), key, True, "DELETE")
 
     async def _session(self) -> aiohttp.ClientSession:
         async with self._lock:
@@ -288,7 +341,7 @@ class ObstoreS3Store:
         try:
             await self._native(walk())
         except _FAILURES as exc:
-            raise self._translate(exc, prefix, False) from exc
+            raise self._translate(exc, prefix, False, "LIST") from exc
         if len(items) > cap:
             del items[cap:]
             return ListPage(items, items[-1].key)

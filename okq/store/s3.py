@@ -9,7 +9,8 @@ to okq, which resolves ambiguity by re-reading.
 Errors are translated on the HTTP status, not botocore's code strings (a HEAD
 412 arrives as code '412'): 412, 409 (ConditionalRequestConflict) and 404 on a
 conditional write become CASConflict; 404 elsewhere ObjectNotFound; everything
-else StorageError.
+else StorageError, in one line (okq/store/s3errors.py: status, operation, key,
+the S3 error code and message); no credentials found says what to set.
 """
 
 from __future__ import annotations
@@ -20,10 +21,25 @@ from typing import Any
 
 import aioboto3
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import Blob, ListPage, ObjectInfo, split_s3_url, validate_key
+from okq.store.base import (
+    DEFAULT_S3_TIMEOUT,
+    Blob,
+    ListPage,
+    ObjectInfo,
+    split_s3_url,
+    validate_key,
+)
+from okq.store.s3errors import NO_CONNECTION, TIMED_OUT, no_credentials, s3_error, s3_failed
 
 
 def _status(exc: ClientError) -> int:
@@ -42,7 +58,7 @@ class S3Store:
         endpoint_url: str | None = None,
         region: str | None = None,
         pool_size: int = 64,
-        timeout: float = 30.0,
+        timeout: float = DEFAULT_S3_TIMEOUT,
     ) -> None:
         self.url = url
         self.bucket, self.prefix = split_s3_url(url)
@@ -83,19 +99,29 @@ class S3Store:
     def _unkey(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
-    def _translate(self, exc: Exception, key: str, conditional: bool) -> StorageError:
-        if isinstance(exc, ClientError):
-            status = _status(exc)
-            if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
-                # A missing bucket is a misconfiguration, not a lost condition or
-                # a missing object (S3 and moto answer 404 for it).
-                return StorageError(f"no bucket {self.bucket!r}: {exc}", key=key, status=status)
-            if status in (412, 409) or (status == 404 and conditional):
-                return CASConflict(f"conditional write to {key!r} lost ({status})", key=key)
-            if status == 404:
-                return ObjectNotFound(f"no object {key!r}", key=key)
-            return StorageError(f"S3 {status} on {key!r}: {exc}", key=key, status=status)
-        return StorageError(f"S3 request for {key!r} failed: {exc}", key=key)
+    def _translate(self, exc: Exception, key: str, conditional: bool,
+                   op: str) -> StorageError:
+        if isinstance(exc, NoCredentialsError):
+            return no_credentials("none in the environment, ~/.aws or a role", key)
+        if isinstance(exc, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
+            return s3_failed(op, key, TIMED_OUT)
+        if isinstance(exc, EndpointConnectionError):
+            return s3_failed(op, key, NO_CONNECTION)
+        if not isinstance(exc, ClientError):
+            return s3_failed(op, key, str(exc) or type(exc).__name__)
+        status = _status(exc)
+        error = exc.response.get("Error", {})
+        code, message = str(error.get("Code", "")), str(error.get("Message", ""))
+        if code == "NoSuchBucket":
+            # A missing bucket is a misconfiguration, not a lost condition or
+            # a missing object (S3 and moto answer 404 for it).
+            return s3_error(status, code, message, op, key, self.bucket)
+        if status in (412, 409) or (status == 404 and conditional):
+            return CASConflict(f"conditional write to {key!r} lost ({status})", key=key)
+        if status == 404:
+            return ObjectNotFound(f"no object {key!r}", key=key)
+        return s3_error(status, "" if code == str(status) else code, message, op, key,
+                        self.bucket)
 
     async def get(self, key: str) -> Blob:
         s3 = await self._s3()
@@ -104,7 +130,7 @@ class S3Store:
             async with resp["Body"] as body:
                 data = await body.read()
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
-            raise self._translate(exc, key, False) from exc
+            raise self._translate(exc, key, False, "GET") from exc
         return Blob(data, _etag(resp["ETag"]))
 
     async def head(self, key: str) -> ObjectInfo:
@@ -112,7 +138,7 @@ class S3Store:
         try:
             resp = await s3.head_object(Bucket=self.bucket, Key=self._key(key))
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
-            raise self._translate(exc, key, False) from exc
+            raise self._translate(exc, key, False, "HEAD") from exc
         modified = resp["LastModified"].timestamp()
         return ObjectInfo(key, _etag(resp["ETag"]), int(resp["ContentLength"]), modified)
 
@@ -129,7 +155,7 @@ class S3Store:
         try:
             resp = await s3.put_object(**kwargs)
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
-            raise self._translate(exc, key, conditional) from exc
+            raise self._translate(exc, key, conditional, "PUT") from exc
         return _etag(resp["ETag"])
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
@@ -148,7 +174,7 @@ class S3Store:
         try:
             await s3.delete_object(**kwargs)
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
-            err = self._translate(exc, key, if_match is not None)
+            err = self._translate(exc, key, if_match is not None, "DELETE")
             if isinstance(err, ObjectNotFound):
                 return
             raise err from exc
@@ -169,7 +195,7 @@ class S3Store:
         try:
             resp = await s3.list_objects_v2(**kwargs)
         except (TimeoutError, ClientError, BotoCoreError, OSError) as exc:
-            raise self._translate(exc, prefix, False) from exc
+            raise self._translate(exc, prefix, False, "LIST") from exc
         items = [
             ObjectInfo(
                 self._unkey(o["Key"]),

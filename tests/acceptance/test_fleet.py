@@ -5,8 +5,9 @@ nodes, the compactor and nginx round-robin in front, all on loopback. Items
 leased through one node are renewed and completed through others; a long poll
 on one node is answered by a produce sent to another; a node SIGKILLed under
 load loses nothing (its leases come back after their timeout); the sequencer's
-holder SIGKILLed under load is replaced and writes resume. Traffic under load
-is recorded and checked by tests/history.py.
+holder SIGKILLed under load is replaced and writes resume; Python ``Worker``s and
+``okq work`` ride out every node SIGKILLed in turn. Traffic under load is
+recorded and checked by tests/history.py.
 
 The fleet runs in sequencer mode by default; ``OKQ_FLEET_MODES=direct`` runs
 the module without it, ``OKQ_FLEET_MODES=sequencer,direct`` both ways (each
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import signal
 import statistics
@@ -26,7 +28,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -34,7 +36,7 @@ from typing import TypeVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from okq.client import Client
+from okq.client import Client, Worker
 from okq.devservers import ServerMissing, descendants, free_port, nginx_binary, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.localfleet import FleetNode, LocalFleet
@@ -513,3 +515,120 @@ async def test_okq_fleet_command_serves_and_stops_all_it_started(tmp_path: Path)
     left = [pid for pid, started in children.items() if _start_time(pid) == started]
     assert left == [], f"processes the fleet started outlived it: {left}"
     assert "stopped" in (tmp_path / "stderr").read_text()
+
+
+# -- (e) workers behind nginx while every node is SIGKILLed in turn ----------------------------
+
+
+class _Recording(Client):
+    """A client that records each completion that succeeded: item id -> tokens."""
+
+    def __init__(self, url: str, ids: dict[str, str]) -> None:
+        super().__init__(url, timeout=10)
+        self.ids = ids  # token -> item id, filled in by the handler
+        self.completed: dict[str, set[str]] = {}
+
+    async def complete(self, queue: str, tokens: Sequence[str]) -> int:
+        done = await super().complete(queue, tokens)
+        for token in tokens:
+            self.completed.setdefault(self.ids[token], set()).add(token)
+        return done
+
+
+async def _produce_keyed(url: str, queue: str, acked: set[str], going: asyncio.Event) -> None:
+    """Keyed batches of five until ``going`` is cleared; a batch is sent again with
+    the same keys until it is acknowledged, so nothing is lost or doubled."""
+    async with Client(url, timeout=10) as c:
+        for seq in itertools.count():
+            if not going.is_set():
+                return
+            keys = [f"{queue}-{seq}-{i}" for i in range(5)]
+            give_up = time.monotonic() + 60
+            while True:
+                try:
+                    await c.produce(queue, [ProduceItem(utf8=k, key=k) for k in keys])
+                    break
+                except OkqError:
+                    assert time.monotonic() < give_up, "a keyed produce never got through"
+                    await asyncio.sleep(0.2)
+            acked.update(keys)
+            await asyncio.sleep(0.05)
+
+
+async def test_workers_behind_nginx_ride_out_every_node_killed_in_turn(
+        fleet: LocalFleet, tmp_path: Path) -> None:
+    """Two Python ``Worker``s and one ``okq work`` through nginx while each node is
+    SIGKILLed and restarted in turn, the sequencer's holder first: every worker keeps
+    running, every acknowledged item is completed, none twice."""
+    queue = await _create(fleet.url)
+    acked: set[str] = set()
+    handled: Counter[str] = Counter()
+    ids: dict[str, str] = {}
+
+    async def handler(item: LeasedItemOut) -> None:
+        ids[item.token] = item.id
+        handled[item.utf8 or ""] += 1
+        await asyncio.sleep(0.02)
+
+    ran = tmp_path / "okq-work-ran"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OKQ_")}
+    shell = subprocess.Popen(
+        [sys.executable, "-m", "okq.cli", "--url", fleet.url, "-o", "json", "work", "-q",
+         queue, "-c", f"cat >> {ran}; echo >> {ran}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    clients = [_Recording(fleet.url, ids) for _ in range(2)]
+    workers = [Worker(c, queue, handler, concurrency=4, poll=1.0) for c in clients]
+    runs = [asyncio.create_task(w.run()) for w in workers]
+    going = asyncio.Event()
+    going.set()
+    producer = asyncio.create_task(_produce_keyed(fleet.url, queue, acked, going))
+    try:
+        holder = fleet.holder() if fleet.sequencer else None
+        order = ([holder] if holder else []) + [n for n in fleet.nodes if n is not holder]
+        for node in order:
+            await asyncio.sleep(1.0)  # under load
+            node.kill(signal.SIGKILL)
+            await asyncio.sleep(1.0)  # nginx and the workers meet the dead node
+            assert not any(r.done() for r in runs), [r for r in runs if r.done()]
+            assert shell.poll() is None, shell.communicate()
+            await asyncio.to_thread(node.restart)
+        going.clear()
+        await producer
+
+        async def settled() -> bool:
+            async with Client(fleet.url, timeout=10) as c:
+                st = await c.stats(queue)
+            return st.available + st.in_flight + st.waiting_retry == 0 and \
+                st.completed >= len(acked)
+
+        deadline = time.monotonic() + 30
+        while not await settled():
+            assert time.monotonic() < deadline, "acknowledged items were not all completed"
+            await asyncio.sleep(0.2)
+        assert not any(r.done() for r in runs) and shell.poll() is None
+    finally:
+        going.clear()
+        for worker in workers:
+            worker.stop()
+        stats = await asyncio.wait_for(asyncio.gather(*runs), 30)
+        shell.send_signal(signal.SIGTERM)
+        out, err = await asyncio.to_thread(shell.communicate, timeout=60)
+        producer.cancel()
+        for c in clients:
+            await c.close()
+    assert shell.returncode == 0, err
+    summary = json.loads(out)
+    python_completed = {i: t for c in clients for i, t in c.completed.items()}
+    assert all(len(t) == 1 for c in clients for t in c.completed.values())
+    assert not set(clients[0].completed) & set(clients[1].completed)  # none twice
+    async with Client(fleet.url, timeout=10) as c:
+        st = await c.stats(queue)
+        assert (await c.list_items(queue)).items == []
+    assert st.completed == len(acked)  # every acknowledged item, once
+    assert len(python_completed) + summary["completed"] == len(acked)
+    ran_lines = Counter(line for line in ran.read_text().splitlines() if line)
+    assert acked <= set(handled) | set(ran_lines)
+    again = sum(handled.values()) + sum(ran_lines.values()) - len(acked)
+    print(f"\n{len(acked)} items: {len(python_completed)} completed by the Python workers "
+          f"({[s.completed for s in stats]}), {summary['completed']} by okq work; "
+          f"handled again after a kill: {again}")

@@ -25,6 +25,7 @@ from okq.errors import (
     QueueExists,
     QueueNotFound,
 )
+from okq.retrying import NO_RETRIES
 from tests.nodes import Node, okq_node
 
 STORES = ["file", pytest.param("seaweed", marks=pytest.mark.s3)]
@@ -255,7 +256,7 @@ async def test_overload_is_answered_429(store_url: tuple[str, str | None],
                                         tmp_path: Path) -> None:
     url, endpoint = store_url
     with okq_node(url, tmp_path, endpoint_url=endpoint, extra=["--max-waiting", "2"]) as n:
-        async with Client(n.url) as c:
+        async with Client(n.url, backoff=NO_RETRIES) as c:  # the node's answer, as it is
             await c.create_queue("busy")
             polls = [asyncio.create_task(c.lease("busy", 1, request_timeout=3))
                      for _ in range(2)]

@@ -28,7 +28,7 @@ import pytest
 
 from okq import wire as s
 from okq.client import Client
-from tests.nodes import Node, live_items, okq_node
+from tests.nodes import Node, free_port, live_items, okq_node
 
 _SCRIPT = Path(sys.executable).with_name("okq")
 OKQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "okq.cli"]
@@ -403,6 +403,29 @@ def test_output_over_the_node_item_limit_is_dead_lettered(tmp_path: Path) -> Non
         assert (st.in_flight, st.dead_lettered) == (0, 1)
         [dead] = items(small.url, "sm-dlq")
         assert dead.meta and "invalid output" in str(dead.meta["error"])
+
+
+def test_work_started_while_its_node_is_down_waits_for_it(tmp_path: Path) -> None:
+    """It used to exit at once with "cannot reach okq"; and it leases for the queue's
+    lease timeout (7 s here), not a lease timeout of its own (it was 60 s)."""
+    port, data = free_port(), f"file://{tmp_path / 'data'}"
+    with okq_node(data, tmp_path, port=port) as first:
+        setup(first.url, {"late": {"lease_timeout": 7}}, "late", ["x"])
+    mark = tmp_path / "started"
+    worker = work(f"http://127.0.0.1:{port}", "-q", "late", "--limit", "1", "--", PY, "-c",
+                  f"import sys, time; sys.stdin.read(); open({str(mark)!r}, 'w'); "
+                  "time.sleep(2)")
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:  # the node stays down for 2 s: it keeps waiting
+        assert worker.proc.poll() is None, worker.wait().err
+        time.sleep(0.1)
+    with okq_node(data, tmp_path, port=port) as again:
+        wait_until("the command runs", mark.exists, 30)
+        [leased] = items(again.url, "late")
+        assert leased.state == "leased" and leased.ready_at is not None
+        assert leased.ready_at.timestamp() - time.time() < 7.5
+        assert worker.wait(60).summary()["completed"] == 1
+    assert "cannot reach okq" in worker.err  # said why it waited
 
 
 def test_no_traceback_in_any_output(node: Node) -> None:

@@ -43,7 +43,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from okq.client import Client
-from okq.errors import StorageError
+from okq.errors import OkqError
+from okq.retrying import retryable
 from tests.nodes import KEYS, Node, free_port, okq_node
 
 _SCRIPT = Path(sys.executable).with_name("okq")
@@ -157,8 +158,10 @@ async def test_clients_that_do_not_trust_the_certificate_fail(
     other, _ = self_signed(tmp_path, "other")
     for context in (None, ssl.create_default_context(cafile=str(other))):
         async with Client(node.url, ssl=context) as c:
-            with pytest.raises(StorageError, match="certificate verify failed"):
+            # not a failure that waiting outlasts: neither retried nor waited out
+            with pytest.raises(OkqError, match="certificate verify failed") as err:
                 await c.list_queues()
+            assert not retryable(err.value)
     with pytest.raises(urllib.error.URLError, match="certificate verify failed"):
         with urllib.request.urlopen(f"{node.url}/health", timeout=10,
                                     context=ssl.create_default_context()):
