@@ -460,7 +460,9 @@ class RedriveResponse(Body):
 
 class HealthResponse(Body):
     status: str
-    store: str
+    store: str = Field(description="the store's kind: s3, file or memory")
+    store_heard: float | None = Field(
+        None, description="seconds since the store last answered this node (null: never)")
     node: str | None = Field(None, description="this node's id in sequencer mode")
     roles: list[int] = Field(default_factory=list,
                              description="sequencer shards this node holds now")

@@ -1,0 +1,127 @@
+"""A node's operations, in process: what /health costs and tells, the depth
+gauges, queue updates over HTTP, long-poll admission when callers go away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from okq.server.app import create_app
+from okq.server.health import Health, StoreWatch
+from okq.server.state import HEALTH
+from okq.settings import Settings
+from okq.store import CountingStore, FaultyStore, MemoryStore, Store
+
+KEY = "node-ops-test-key-0123456789"
+
+Start = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
+
+
+@pytest.fixture
+async def start_node() -> AsyncIterator[Start]:
+    clients: list[TestClient[web.Request, web.Application]] = []
+
+    async def start(store: Store, **overrides: Any) -> TestClient[web.Request, web.Application]:
+        fields = {"store": "memory://", "signing_keys": KEY, "self_check": False,
+                  "linger": 0.002, **overrides}
+        client = TestClient(TestServer(create_app(Settings(**fields), store),
+                                       host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield start
+    for client in clients:
+        await client.close()
+
+
+async def call(client: TestClient[web.Request, web.Application], verb: str,
+               body: dict[str, Any], status: int = 200) -> dict[str, Any]:
+    resp = await client.post(f"/v1/{verb}", json=body)
+    out: dict[str, Any] = await resp.json()
+    assert resp.status == status, out
+    return out
+
+
+# -- /health ------------------------------------------------------------------------
+
+
+async def test_health_probes_cost_no_store_request_while_the_store_answers(
+        start_node: Start) -> None:
+    counting = CountingStore(MemoryStore())
+    client = await start_node(counting)
+    await call(client, "queues.create", {"name": "q"}, 201)
+    before = counting.total
+    for _ in range(20):
+        resp = await client.get("/health")
+        assert resp.status == 200
+        body = await resp.json()
+        assert body["status"] == "ok" and body["store"] == "memory"
+        assert 0 <= body["store_heard"] < 30
+    assert counting.total == before  # a LIST per probe before
+
+
+async def test_a_quiet_node_asks_the_store_once_for_many_probes() -> None:
+    now = [1000.0]
+    counting = CountingStore(MemoryStore())
+    health = Health(StoreWatch(counting, now=lambda: now[0]), "ns", quiet=30)
+    verdicts = await asyncio.gather(*(health.check() for _ in range(10)))
+    assert all(v.ok for v in verdicts)
+    assert counting.requests == {"head": 1}  # one GET-class request, shared
+    now[0] += 29
+    assert (await health.check()).ok
+    assert counting.total == 1
+    now[0] += 2  # quiet for longer than 30 s: asked again
+    assert (await health.check()).ok
+    assert counting.total == 2
+
+
+async def test_a_failing_store_is_reported_then_rechecked() -> None:
+    now = [1000.0]
+    faulty = FaultyStore(MemoryStore())
+    faulty.inject("*", "error", times=-1)
+    watch = StoreWatch(faulty, now=lambda: now[0])
+    health = Health(watch, "ns", recheck=2)
+    verdict = await health.check()
+    assert not verdict.ok and verdict.failure == "StorageError"
+    calls = len(faulty.calls)
+    now[0] += 1
+    assert not (await health.check()).ok
+    assert len(faulty.calls) == calls  # answered from the notes within `recheck`
+    faulty.clear()
+    now[0] += 2
+    assert (await health.check()).ok  # asked again, and the store answered
+
+
+async def test_a_node_request_failing_turns_health_red_at_once() -> None:
+    now = [1000.0]
+    faulty = FaultyStore(MemoryStore())
+    watch = StoreWatch(faulty, now=lambda: now[0])
+    health = Health(watch, "ns")
+    await watch.put("ns/x", b"1")
+    assert (await health.check()).ok
+    faulty.inject("*", "error", times=-1)
+    now[0] += 0.5
+    with pytest.raises(Exception, match="injected"):
+        await watch.get("ns/x")
+    assert not (await health.check()).ok
+
+
+async def test_health_tells_no_endpoint_bucket_or_store_error_text(start_node: Start) -> None:
+    faulty = FaultyStore(MemoryStore())
+    faulty.url = "s3://secret-bucket/tenant-prefix?endpoint=http://10.1.2.3:9000"
+    client = await start_node(faulty)
+    faulty.inject("*", "error", times=-1)
+    client.app[HEALTH].watch.answered = None  # as if the node had never reached it
+    resp = await client.get("/health")
+    assert resp.status == 503
+    text = await resp.text()
+    for secret in ("secret-bucket", "tenant-prefix", "10.1.2.3", "injected", "health/probe"):
+        assert secret not in text, text
+    body = await resp.json()
+    assert body["status"] == "store unavailable: StorageError" and body["store"] == "s3"
