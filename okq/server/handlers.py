@@ -179,7 +179,8 @@ async def lease(request: web.Request) -> web.Response:
     body = await parse(request, s.LeaseRequest)
     service = await service_for(request, (body.queue_name, "queue_name"))
     items = await service.lease(body.queue_name, body.batch_size,
-                                lease_timeout=body.lease_timeout, wait=body.request_timeout)
+                                lease_timeout=body.lease_timeout, wait=body.request_timeout,
+                                gone=lambda: _client_gone(request))
     if items and _client_gone(request):
         await service.give_back(body.queue_name, items)
         items = []

@@ -4,48 +4,71 @@ gauges, queue updates over HTTP, long-poll admission when callers go away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from okq.server.app import create_app
 from okq.server.health import Health, StoreWatch
-from okq.server.state import HEALTH
+from okq.server.state import HEALTH, SERVICE
 from okq.settings import Settings
 from okq.store import CountingStore, FaultyStore, MemoryStore, Store
 
 KEY = "node-ops-test-key-0123456789"
 
-Start = Callable[..., Awaitable[TestClient[web.Request, web.Application]]]
+class Node:
+    """A node on a loopback port, served as ``okq serve`` serves it (a handler is
+    not cancelled when its client goes away), and a client session to it."""
+
+    def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
+        self.app, self.runner = app, runner
+        self.session = aiohttp.ClientSession(base_url=url)
+
+    def get(self, path: str) -> Any:
+        return self.session.get(path)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.session.post(path, **kwargs)
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.runner.cleanup()
+
+
+Start = Callable[..., Awaitable[Node]]
 
 
 @pytest.fixture
 async def start_node() -> AsyncIterator[Start]:
-    clients: list[TestClient[web.Request, web.Application]] = []
+    nodes: list[Node] = []
 
-    async def start(store: Store, **overrides: Any) -> TestClient[web.Request, web.Application]:
+    async def start(store: Store, **overrides: Any) -> Node:
         fields = {"store": "memory://", "signing_keys": KEY, "self_check": False,
                   "linger": 0.002, **overrides}
-        client = TestClient(TestServer(create_app(Settings(**fields), store),
-                                       host="127.0.0.1"))
-        await client.start_server()
-        clients.append(client)
-        return client
+        app = create_app(Settings(**fields), store)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        nodes.append(Node(app, runner, f"http://127.0.0.1:{port}"))
+        return nodes[-1]
 
     yield start
-    for client in clients:
-        await client.close()
+    for node in nodes:
+        await node.close()
 
 
-async def call(client: TestClient[web.Request, web.Application], verb: str,
-               body: dict[str, Any], status: int = 200) -> dict[str, Any]:
-    resp = await client.post(f"/v1/{verb}", json=body)
-    out: dict[str, Any] = await resp.json()
-    assert resp.status == status, out
-    return out
+async def call(client: Node, verb: str, body: dict[str, Any],
+               status: int = 200) -> dict[str, Any]:
+    async with client.post(f"/v1/{verb}", json=body) as resp:
+        out: dict[str, Any] = await resp.json()
+        assert resp.status == status, out
+        return out
 
 
 # -- /health ------------------------------------------------------------------------
@@ -125,3 +148,32 @@ async def test_health_tells_no_endpoint_bucket_or_store_error_text(start_node: S
         assert secret not in text, text
     body = await resp.json()
     assert body["status"] == "store unavailable: StorageError" and body["store"] == "s3"
+
+
+# -- long polls whose caller went away ------------------------------------------------
+
+
+async def test_an_abandoned_long_poll_frees_its_max_waiting_slot(start_node: Start) -> None:
+    client = await start_node(MemoryStore(), max_waiting=1)
+    await call(client, "queues.create", {"name": "q"}, 201)
+    body = {"queue_name": "q", "request_timeout": 60}
+
+    async def long_poll() -> None:
+        async with client.post("/v1/queue.lease", json=body) as resp:
+            await resp.read()
+
+    abandoned = asyncio.create_task(long_poll())
+    service = client.app[SERVICE]
+    while service.waiting("q") < 1:
+        assert not abandoned.done()
+        await asyncio.sleep(0.01)
+    await call(client, "queue.lease", {**body, "request_timeout": 0.1}, 429)  # taken
+    abandoned.cancel()  # the caller goes away: its connection closes
+    with contextlib.suppress(asyncio.CancelledError):
+        await abandoned
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 10
+    while service.waiting("q") and loop.time() < give_up:
+        await asyncio.sleep(0.05)
+    assert service.waiting("q") == 0  # before: held until its 60 s request_timeout
+    await call(client, "queue.lease", {**body, "request_timeout": 0.1})
