@@ -305,7 +305,10 @@ async def queues_info(request: web.Request) -> web.Response:
 async def queues_update(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueUpdate)
     service = await service_for(request, *_named(body))
-    info = await service.update_queue(body.name, **_config(body))
+    changes = _config(body)
+    if body.dead_queue == "":  # cleared: no dead-letter queue
+        changes["dead_queue"] = None
+    info = await service.update_queue(body.name, **changes)
     return respond(request, _info(info))
 
 

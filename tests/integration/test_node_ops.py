@@ -177,3 +177,41 @@ async def test_an_abandoned_long_poll_frees_its_max_waiting_slot(start_node: Sta
         await asyncio.sleep(0.05)
     assert service.waiting("q") == 0  # before: held until its 60 s request_timeout
     await call(client, "queue.lease", {**body, "request_timeout": 0.1})
+
+
+# -- queues.update and dead queues ---------------------------------------------------------
+
+
+async def test_dead_queue_is_cleared_over_http_with_an_empty_string(start_node: Start) -> None:
+    client = await start_node(MemoryStore())
+    await call(client, "queues.create", {"name": "dlq"}, 201)
+    await call(client, "queues.create", {"name": "q", "dead_queue": "dlq"}, 201)
+    kept = await call(client, "queues.update", {"name": "q", "dead_queue": None})
+    assert kept["dead_queue"] == "dlq"  # null: unchanged
+    cleared = await call(client, "queues.update", {"name": "q", "dead_queue": ""})
+    assert cleared["dead_queue"] is None
+    assert (await call(client, "queues.info", {"name": "q"}))["dead_queue"] is None
+    await call(client, "queues.delete", {"name": "dlq"})  # no longer anyone's dead queue
+
+
+async def test_two_racing_updates_cannot_close_a_dead_queue_loop(start_node: Start) -> None:
+    faulty = FaultyStore(MemoryStore())
+    client = await start_node(faulty)
+    for name in ("a", "b"):
+        await call(client, "queues.create", {"name": name}, 201)
+    # Both updates check the chain before either's manifest write lands.
+    faulty.inject("put", "latency", key="/manifests/", delay=0.3, times=2)
+    answers = await asyncio.gather(
+        client.post("/v1/queues.update", json={"name": "a", "dead_queue": "b"}),
+        client.post("/v1/queues.update", json={"name": "b", "dead_queue": "a"}))
+    statuses = sorted(resp.status for resp in answers)
+    for resp in answers:
+        body = await resp.json()
+        if resp.status == 400:
+            assert body["details"]["field"] == "dead_queue" and "loop" in body["details"]
+    assert statuses in ([200, 400], [400, 400]), statuses
+    dead = {name: (await call(client, "queues.info", {"name": name}))["dead_queue"]
+            for name in ("a", "b")}
+    assert dead != {"a": "b", "b": "a"}, dead  # before: both landed, a loop
+    ok = [resp for resp in answers if resp.status == 200]
+    assert len([d for d in dead.values() if d]) == len(ok)  # what was answered 200 holds
