@@ -111,6 +111,15 @@ class Settings(BaseSettings):
         "how late a produce through another node reaches a waiting lease (one through "
         "this node wakes it at once)",
     )
+    depth_interval: float = Field(
+        60, ge=0, le=86_400,
+        description="seconds between refreshes of the okq_queue_items gauges, made when "
+        "/metrics is scraped (one stats call per queue this node knows); 0: only "
+        "queue.stats calls refresh them",
+    )
+    depth_max_queues: int = Field(
+        100, ge=1, le=100_000, description="queues whose depth gauges a refresh keeps fresh"
+    )
     max_waiting: int = Field(
         100, ge=1, le=100_000, description="waiting lease requests per queue before 429"
     )

@@ -29,6 +29,7 @@ from okq.server.codec import read_body, read_bytes, respond, respond_plain, want
 from okq.server.health import store_kind
 from okq.server.middleware import public_details
 from okq.server.state import (
+    DEPTH,
     FLEET_KEYS,
     HEALTH,
     KEYRING,
@@ -432,5 +433,6 @@ def _plain(value: Any) -> Any:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    await request.app[DEPTH].refresh()  # the depth gauges, at most once per interval
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -31,8 +31,9 @@ R = TypeVar("R")
 QUIET = 30.0
 #: Seconds a failure is answered from the notes before the store is asked again.
 RECHECK = 2.0
-#: Seconds a probe's own store request may take before it counts as a failure.
-PROBE_TIMEOUT = 5.0
+#: Seconds a probe's own store request may take before it counts as a failure:
+#: under the 2 s timeout of deploy/helm's probes.
+PROBE_TIMEOUT = 1.5
 #: The key a probe reads: never written, so the answer is a 404 (an answer).
 PROBE_KEY = "health/probe"
 

@@ -21,7 +21,7 @@ from okq.engine import Engine
 from okq.routing import RoutedService
 from okq.sequencer import Sequencer
 from okq.server.health import Health, StoreWatch
-from okq.server.metrics import Metrics
+from okq.server.metrics import DepthGauges, Metrics
 from okq.server.tenants import Tenants
 from okq.service import Admission, QueueService
 from okq.settings import Settings
@@ -39,6 +39,7 @@ PRINCIPAL = web.RequestKey("principal", Principal)
 NAMESPACE = web.RequestKey("namespace", str)
 TENANTS = web.AppKey("tenants", Tenants)
 HEALTH = web.AppKey("health", Health)
+DEPTH = web.AppKey("depth", DepthGauges)
 SEQUENCER: web.AppKey[Sequencer | None] = web.AppKey("sequencer")
 FLEET_KEYS = web.AppKey("fleet_keys", list)
 
@@ -74,6 +75,8 @@ def install(app: web.Application, settings: Settings, store: Store, *,
                            ttl=settings.api_key_cache)
     app[TENANTS] = Tenants(settings, watched, keys, app[SERVICE], clock=clock)
     app[METRICS].watch(engine, counting, sequencer)
+    app[DEPTH] = DepthGauges(app[SERVICE], app[METRICS], settings.depth_interval,
+                             settings.depth_max_queues)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_stop_waiting)
 

@@ -215,3 +215,37 @@ async def test_two_racing_updates_cannot_close_a_dead_queue_loop(start_node: Sta
     assert dead != {"a": "b", "b": "a"}, dead  # before: both landed, a loop
     ok = [resp for resp in answers if resp.status == 200]
     assert len([d for d in dead.values() if d]) == len(ok)  # what was answered 200 holds
+
+
+# -- queue depth gauges ----------------------------------------------------------------
+
+
+def _depth(text: str, queue: str, state: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(f'okq_queue_items{{queue="{queue}",state="{state}"}}'):
+            return float(line.split()[-1])
+    return None
+
+
+async def test_depth_gauges_follow_the_queue_without_stats_calls(start_node: Start) -> None:
+    counting = CountingStore(MemoryStore())
+    client = await start_node(counting, depth_interval=0.2)
+    await call(client, "queues.create", {"name": "q"}, 201)
+    await call(client, "queue.produce", {"queue_name": "q", "items": [{"utf8": "a"}] * 3})
+
+    async def scrape() -> str:
+        async with client.get("/metrics") as resp:
+            return await resp.text()
+
+    assert _depth(await scrape(), "q", "available") == 3  # before: no gauge until stats
+    await call(client, "queue.lease", {"queue_name": "q", "batch_size": 2})
+    await asyncio.sleep(0.25)
+    text = await scrape()
+    assert _depth(text, "q", "available") == 1 and _depth(text, "q", "in_flight") == 2
+    before = counting.total
+    for _ in range(5):  # within the interval: the figures scraped, no store request
+        await scrape()
+    assert counting.total == before
+    await call(client, "queues.delete", {"name": "q"})
+    await asyncio.sleep(0.25)
+    assert _depth(await scrape(), "q", "available") is None  # a deleted queue's gauge goes
