@@ -350,8 +350,9 @@ class QueueCreate(QueueSettings):
 
 class QueueUpdate(QueueSettings):
     name: QueueName
-    dead_queue: QueueName | Literal[""] | None = Field(
-        None, description='a queue\'s name, or "" to clear it (no dead-letter queue); '
+    dead_queue: str | None = Field(
+        None, pattern=f"^$|{QUEUE_NAME_PATTERN}",
+        description='a queue\'s name, or "" to clear it (no dead-letter queue); '
         "null or absent: unchanged")
 
 
