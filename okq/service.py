@@ -186,7 +186,8 @@ class QueueService:
             raise Overloaded(f"{limit} lease requests are already waiting on this queue",
                              retry_after=1, queue=queue)
         slot = _Slot(self._waiting, queue)
-        watcher = asyncio.create_task(_free_when_gone(slot, gone)) if gone and wait else None
+        watcher = (asyncio.create_task(_free_when_gone(slot, gone))
+                   if gone is not None and wait > GONE_CHECK else None)  # shorter: freed soon
         try:
             return await self._lease(queue, batch_size, lease_timeout, wait)
         finally:
