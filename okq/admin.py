@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from okq.cell import Unchanged
 from okq.errors import (
     CASConflict,
     InvalidRequest,
@@ -36,6 +37,20 @@ from okq.store.base import list_all
 
 if TYPE_CHECKING:
     from okq.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class _Revert:
+    """Put a queue's ``dead_queue`` back to ``before``, if it is still ``dead``."""
+
+    dead: str
+    before: str | None
+
+    def apply(self, m: Manifest, now: int) -> Manifest | Unchanged:
+        if m.config.dead_queue != self.dead:
+            return Unchanged(m)
+        m.config = merged_config(m.config, {"dead_queue": self.before})
+        return m
 
 
 @dataclass
@@ -81,10 +96,29 @@ class Admin:
         checked first, as at create (it must exist and must not lead back here)."""
         q = self.rt.queue(name)
         current = await self.rt.manifest(q, 0)
-        if changes.get("dead_queue") is not None:
+        dead = changes.get("dead_queue")
+        if dead is not None:
             await self._check_dead_queue(name, merged_config(current.config, changes))
         m: Manifest = await q.manifest.update(UpdateConfig(changes).apply)
+        if dead is not None and dead != current.config.dead_queue:
+            await self._recheck_loop(name, dead, current.config.dead_queue)
         return self._info(m)
+
+    async def _recheck_loop(self, name: str, dead: str, before: str | None) -> None:
+        """Walk the chain again now that ``dead`` has landed: an update of another
+        queue checked before this one landed may have closed a loop. The walk reads
+        every manifest afresh after this write, so of two racing updates that close
+        a loop the one that landed last sees the other's; it puts its own queue's
+        ``dead_queue`` back (unless changed since) and is refused with the loop."""
+        try:
+            await self._check_dead_queue(name, QueueConfig(dead_queue=dead))
+        except InvalidRequest as exc:
+            if "loop" not in exc.details:
+                return  # the dead queue was deleted since: the dead-letter path copes
+            await self.rt.queue(name).manifest.update(_Revert(dead, before).apply)
+            raise InvalidRequest(f"{exc.message} (another update landed at the same "
+                                 "time); this queue's dead_queue is unchanged",
+                                 **exc.details) from None
 
     async def delete_queue(self, name: str) -> None:
         """Delete the manifest; the compactor collects the queue's objects.
@@ -141,9 +175,10 @@ class Admin:
         ``dead_queue`` through the existing manifests: one GET per hop.
 
         A loop would send an item round between queues for ever, and nothing may
-        follow a chain without end. Two updates racing can still close a loop
-        (each checked before the other landed), so nothing else relies on this:
-        stats looks one level down only. A queue further down the chain whose dead
+        follow a chain without end. Two updates racing could each pass this check
+        before the other landed: ``update_queue`` walks again after its write and
+        undoes a change that closed a loop. Nothing else relies on this: stats
+        looks one level down only. A queue further down the chain whose dead
         queue is gone ends the walk; that is its own setting's problem, not this one's.
         """
         dead = config.dead_queue

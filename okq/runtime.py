@@ -68,6 +68,10 @@ class EngineOptions:
     config_max_age: float = 30.0  # renew/retry: queue config staleness allowed
     lease_state_max_age: float = 1.0  # re-read lease objects with leases this often
     poll_interval: float = 0.25  # long poll: how often to look at the store
+    # Long poll on a queue whose manifest did not change since the last look: the
+    # pause between looks doubles from poll_interval up to this (a produce through
+    # this process wakes its long polls at once whatever the pause).
+    idle_poll_max: float = 5.0
     dead_grace: float = 10.0  # help a stalled dead-letter move after this
     contention_backoff: float = 1.0  # avoid a segment this long after losing a race
     segment_cache_bytes: int = 64 << 20
@@ -98,6 +102,12 @@ class QueueRuntime:
         self.summaries: dict[str, tuple[bytes | None, Any]] = {}
         self.seen_ver = -1
         self.waiters = 0  # long polls of this process waiting for the queue's items
+        # The long polls' pause between looks at the store (it grows while the
+        # manifest stays as it was: see Scheduler.lease), and the manifest's ETag
+        # at the last look.
+        self.idle_pause = 0.0
+        self.idle_etag: str | None = None
+        self.idle_reads = 0  # the manifest cell's reads at the last look
         # Half-done items (dead-letter moves, outputs) found by a lease walk, helped
         # once the walk has let go of the queue's lock.
         self.stalled: dict[tuple[str, int], SegmentMeta] = {}

@@ -103,13 +103,15 @@ class Scheduler:
         q = self.rt.queue(queue)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + wait
+        age: float | None = None  # the first look as any lease's; later ones share
         while True:
             q.wake.clear()
             reads = q.manifest.reads
-            items, next_ready = await self._lease_once(q, batch, lease_timeout)
+            items, next_ready = await self._lease_once(q, batch, lease_timeout, age)
             await self.finishers.help_noted(q)
             left = give_up - loop.time()
             if items or self.rt.stopping:
+                q.idle_pause = 0.0
                 return items
             if left <= 0:
                 if q.manifest.reads != reads or self.rt.trusted(q.name):
@@ -118,22 +120,41 @@ class Scheduler:
                 # through another node a moment ago is leased now, not 0.2 s later.
                 q.manifest.forget()
                 continue
-            pause = min(left, self.rt.opts.poll_interval)
+            pause = min(left, self._idle_pause(q))
             if next_ready is not None:
                 pause = min(pause, max(0.0, (next_ready - self.rt.clock.now_ms()) / 1000))
+            # The next look takes a manifest another long poll of this queue read
+            # within the pause: many waiters on one queue cost one read per pause.
+            age = q.idle_pause
             q.waiters += 1
             try:
                 await asyncio.wait_for(q.wake.wait(), pause)
+                q.idle_pause = 0.0  # woken by a change made through this process
             except TimeoutError:
                 pass
             finally:
                 q.waiters -= 1
 
+    def _idle_pause(self, q: QueueRuntime) -> float:
+        """The pause before a long poll's next look: ``poll_interval`` after a change
+        to the queue's manifest, doubling while it stays the same, up to
+        ``idle_poll_max`` (docs/DESIGN.md, "Long poll")."""
+        o, cell = self.rt.opts, q.manifest
+        if cell.etag != q.idle_etag or not q.idle_pause:
+            q.idle_pause = o.poll_interval
+        elif cell.reads != q.idle_reads:  # a look at the store found nothing new
+            q.idle_pause = min(q.idle_pause * 2, o.idle_poll_max)
+        q.idle_etag, q.idle_reads = cell.etag, cell.reads
+        return q.idle_pause
+
     async def _lease_once(
-        self, q: QueueRuntime, n: int, lease_timeout: float | None
+        self, q: QueueRuntime, n: int, lease_timeout: float | None, age: float | None = None
     ) -> tuple[list[LeasedItem], int | None]:
+        """One look: lease what is ready. ``age``: how old a cached manifest may be
+        (a long poll's later looks), at least the lease path's own."""
         async with q.lock:
-            m, fresh_cfg = await self.rt.manifest_read(q, self.rt.max_ages(q)[0])
+            max_age = max(self.rt.max_ages(q)[0], age or 0.0)
+            m, fresh_cfg = await self.rt.manifest_read(q, max_age)
             lease_ms = (int(lease_timeout * 1000) if lease_timeout is not None
                         else m.config.lease_ms)
             out: list[LeasedItem] = []

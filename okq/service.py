@@ -33,9 +33,10 @@ The node builds its ``Admission`` from its settings (``Admission.from_settings``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,32 @@ class RetryOutcome:
                             f"was lost{landed}", failed=self.failed)
 
 
+#: Seconds between looks at whether a long poll's caller has gone away.
+GONE_CHECK = 0.5
+
+
+class _Slot:
+    """One long poll's place in ``max_waiting``, given back once."""
+
+    def __init__(self, waiting: Counter[str], queue: str) -> None:
+        self.waiting, self.queue, self.held = waiting, queue, True
+        waiting[queue] += 1
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.waiting[self.queue] -= 1
+            if not self.waiting[self.queue]:
+                del self.waiting[self.queue]
+
+
+async def _free_when_gone(slot: _Slot, gone: Callable[[], bool]) -> None:
+    """Give the slot back as soon as the caller is seen gone."""
+    while not gone():
+        await asyncio.sleep(GONE_CHECK)
+    slot.release()
+
+
 class QueueService:
     """The operations of the lease API over one ``Engine``, with admission."""
 
@@ -142,8 +169,14 @@ class QueueService:
         return await self.engine.produce(queue, items)
 
     async def lease(self, queue: str, batch_size: int = 1, *, lease_timeout: float | None = None,
-                    wait: float = 0.0) -> list[LeasedItem]:
-        """Lease up to ``batch_size`` ready items, long-polling up to ``wait`` seconds."""
+                    wait: float = 0.0, gone: Callable[[], bool] | None = None
+                    ) -> list[LeasedItem]:
+        """Lease up to ``batch_size`` ready items, long-polling up to ``wait`` seconds.
+
+        ``gone`` tells whether the caller has gone away (a closed connection): its
+        long poll then stops counting toward ``max_waiting`` within
+        ``GONE_CHECK`` seconds; what it leases after that is the front end's to give
+        back (``give_back``)."""
         self.check_batch(batch_size, "batch_size")
         max_wait = self.engine.opts.max_wait
         if wait > max_wait:
@@ -153,13 +186,15 @@ class QueueService:
         if wait > 0 and self._waiting[queue] >= limit:
             raise Overloaded(f"{limit} lease requests are already waiting on this queue",
                              retry_after=1, queue=queue)
-        self._waiting[queue] += 1
+        slot = _Slot(self._waiting, queue)
+        watcher = (asyncio.create_task(_free_when_gone(slot, gone))
+                   if gone is not None and wait > GONE_CHECK else None)  # shorter: freed soon
         try:
             return await self._lease(queue, batch_size, lease_timeout, wait)
         finally:
-            self._waiting[queue] -= 1
-            if not self._waiting[queue]:
-                del self._waiting[queue]
+            if watcher is not None:
+                watcher.cancel()
+            slot.release()
 
     async def _lease(self, queue: str, batch_size: int, lease_timeout: float | None,
                      wait: float) -> list[LeasedItem]:

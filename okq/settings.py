@@ -109,6 +109,22 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 << 20, ge=1024, le=256 << 20, description="largest request body")
     max_wait: float = Field(900, ge=0, le=REQUEST_TIMEOUT_MAX,
                             description="longest long poll, seconds")
+    idle_poll_max: float = Field(
+        5.0, ge=0.05, le=60,
+        description="seconds at most between a long poll's looks at a queue whose manifest "
+        "has not changed (from 0.25, doubling): the idle cost without the sequencer, and "
+        "how late a produce through another node reaches a waiting lease (one through "
+        "this node wakes it at once)",
+    )
+    depth_interval: float = Field(
+        60, ge=0, le=86_400,
+        description="seconds between refreshes of the okq_queue_items gauges, made when "
+        "/metrics is scraped (one stats call per queue this node knows); 0: only "
+        "queue.stats calls refresh them",
+    )
+    depth_max_queues: int = Field(
+        100, ge=1, le=100_000, description="queues whose depth gauges a refresh keeps fresh"
+    )
     max_waiting: int = Field(
         100, ge=1, le=100_000, description="waiting lease requests per queue before 429"
     )
@@ -260,6 +276,7 @@ class Settings(BaseSettings):
             max_item_bytes=self.max_item_bytes,
             max_batch=self.max_batch,
             max_wait=self.max_wait,
+            idle_poll_max=self.idle_poll_max,
             idem_window=self.idem_window,
             max_idem_keys=self.max_idempotency_keys,
         )

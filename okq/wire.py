@@ -350,6 +350,10 @@ class QueueCreate(QueueSettings):
 
 class QueueUpdate(QueueSettings):
     name: QueueName
+    dead_queue: str | None = Field(
+        None, pattern=f"^$|{QUEUE_NAME_PATTERN}",
+        description='a queue\'s name, or "" to clear it (no dead-letter queue); '
+        "null or absent: unchanged")
 
 
 class QueueNameRequest(Body):
@@ -460,7 +464,9 @@ class RedriveResponse(Body):
 
 class HealthResponse(Body):
     status: str
-    store: str
+    store: str = Field(description="the store's kind: s3, file or memory")
+    store_heard: float | None = Field(
+        None, description="seconds since the store last answered this node (null: never)")
     node: str | None = Field(None, description="this node's id in sequencer mode")
     roles: list[int] = Field(default_factory=list,
                              description="sequencer shards this node holds now")

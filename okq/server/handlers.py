@@ -8,7 +8,6 @@ names its field, the caller gone while its long poll waited, metrics.
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 from datetime import UTC, datetime
 from typing import Any, TypeVar, get_args
@@ -22,15 +21,17 @@ from okq import wire as s
 from okq.auth import StoredKey, describe
 from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import Forbidden, InvalidRequest, OkqError
-from okq.keys import manifests_prefix
 from okq.model import QueueConfig
 from okq.publisher import NewItem
 from okq.routing import RoutedService
 from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
 from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
+from okq.server.health import store_kind
 from okq.server.middleware import public_details
 from okq.server.state import (
+    DEPTH,
     FLEET_KEYS,
+    HEALTH,
     KEYRING,
     METRICS,
     NAMESPACE,
@@ -179,7 +180,8 @@ async def lease(request: web.Request) -> web.Response:
     body = await parse(request, s.LeaseRequest)
     service = await service_for(request, (body.queue_name, "queue_name"))
     items = await service.lease(body.queue_name, body.batch_size,
-                                lease_timeout=body.lease_timeout, wait=body.request_timeout)
+                                lease_timeout=body.lease_timeout, wait=body.request_timeout,
+                                gone=lambda: _client_gone(request))
     if items and _client_gone(request):
         await service.give_back(body.queue_name, items)
         items = []
@@ -304,7 +306,10 @@ async def queues_info(request: web.Request) -> web.Response:
 async def queues_update(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueUpdate)
     service = await service_for(request, *_named(body))
-    info = await service.update_queue(body.name, **_config(body))
+    changes = _config(body)
+    if body.dead_queue == "":  # cleared: no dead-letter queue
+        changes["dead_queue"] = None
+    info = await service.update_queue(body.name, **changes)
     return respond(request, _info(info))
 
 
@@ -377,16 +382,19 @@ async def keys_delete(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    store = request.app[STORE]
-    prefix = manifests_prefix(request.app[SERVICE].engine.ns)
-    try:
-        await asyncio.wait_for(store.list(prefix, limit=1), 5)
-    except (OkqError, TimeoutError) as exc:
-        return respond(request, s.HealthResponse(status=f"store unavailable: {exc}",
-                                                 store=store.url), 503)
+    """200 while the store answered this node lately (docs/OPERATIONS.md, "Health"):
+    no store request unless the node has not heard from it for a while."""
+    verdict = await request.app[HEALTH].check()
+    fields: dict[str, Any] = {"store": store_kind(request.app[STORE].url),
+                              "store_heard": verdict.heard_s}
+    if not verdict.ok:  # the failure's kind only: no endpoint, bucket or S3 dump
+        failure = f": {verdict.failure}" if verdict.failure else ""
+        return respond(request, s.HealthResponse(status=f"store unavailable{failure}",
+                                                 **fields), 503)
     sequencer = request.app[SEQUENCER]
-    fleet = {"node": sequencer.id, "roles": sequencer.held()} if sequencer else {}
-    return respond(request, s.HealthResponse(status="ok", store=store.url, **fleet))
+    if sequencer:
+        fields |= {"node": sequencer.id, "roles": sequencer.held()}
+    return respond(request, s.HealthResponse(status="ok", **fields))
 
 
 async def forward(request: web.Request) -> web.Response:
@@ -440,5 +448,6 @@ def _plain(value: Any) -> Any:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    await request.app[DEPTH].refresh()  # the depth gauges, at most once per interval
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Iterator
 
 from prometheus_client import (
@@ -15,9 +18,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from okq.engine import Engine, QueueStats
+from okq.errors import OkqError, QueueNotFound
 from okq.sequencer import Sequencer
+from okq.service import QueueService
 from okq.sqs.http import SqsFrontEnd
 from okq.store import CountingStore
+
+log = logging.getLogger("okq.server")
+
+#: Seconds a scrape waits for the depth gauges' refresh before answering with
+#: the figures it has (the refresh goes on and serves the next scrape).
+DEPTH_WAIT = 5.0
+#: Stats calls of one refresh at once.
+DEPTH_CONCURRENCY = 8
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -123,3 +136,57 @@ def _sequencer_metrics(seq: Sequencer) -> Iterator[CounterMetricFamily | GaugeMe
     claims = CounterMetricFamily("okq_sequencer_claims", "sequencer roles this node claimed")
     claims.add_metric([], seq.claims)
     yield claims
+
+
+class DepthGauges:
+    """Keeps ``okq_queue_items`` fresh: a scrape of ``/metrics`` refreshes the
+    counts of the queues this node knows (those it served, those it gauges),
+    at most once per ``interval`` seconds and for at most ``max_queues`` queues;
+    one stats call each (docs/OPERATIONS.md, "What to watch", states the cost).
+    Nobody scraping: nothing refreshed, nothing spent."""
+
+    def __init__(self, service: QueueService, metrics: Metrics, interval: float,
+                 max_queues: int) -> None:
+        self.service, self.metrics = service, metrics
+        self.interval, self.max_queues = interval, max_queues
+        self.refreshed: float | None = None  # monotonic time of the last refresh
+        self._task: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> None:
+        """Refresh if due, waiting up to ``DEPTH_WAIT`` seconds for it."""
+        now = time.monotonic()
+        due = self.refreshed is None or now - self.refreshed >= self.interval
+        if self.interval <= 0 or (not due and self._task is None):
+            return
+        if self._task is None:
+            self.refreshed = now
+            self._task = asyncio.create_task(self._refresh_all())
+            self._task.add_done_callback(self._done)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), DEPTH_WAIT)
+        except TimeoutError:
+            pass
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._task = None
+
+    def queues(self) -> list[str]:
+        known = set(self.service.engine.runtime.queues) | set(self.metrics.queue_stats)
+        return sorted(known)[: self.max_queues]
+
+    async def _refresh_all(self) -> None:
+        gate = asyncio.Semaphore(DEPTH_CONCURRENCY)
+
+        async def one(queue: str) -> None:
+            async with gate:
+                await self._refresh(queue)
+
+        await asyncio.gather(*(one(q) for q in self.queues()))
+
+    async def _refresh(self, queue: str) -> None:
+        try:
+            self.metrics.queue_stats[queue] = await self.service.stats(queue)
+        except QueueNotFound:
+            self.metrics.queue_stats.pop(queue, None)  # deleted: no gauge
+        except OkqError as exc:  # keep the last figures; the store's health shows
+            log.debug("queue depth of %s not refreshed: %s", queue, exc)

@@ -20,7 +20,8 @@ from okq.auth import KeyRing, Principal
 from okq.engine import Engine
 from okq.routing import RoutedService
 from okq.sequencer import Sequencer
-from okq.server.metrics import Metrics
+from okq.server.health import Health, StoreWatch
+from okq.server.metrics import DepthGauges, Metrics
 from okq.server.tenants import Tenants
 from okq.service import Admission, QueueService
 from okq.settings import Settings
@@ -37,6 +38,8 @@ KEYRING = web.AppKey("keyring", KeyRing)
 PRINCIPAL = web.RequestKey("principal", Principal)
 NAMESPACE = web.RequestKey("namespace", str)
 TENANTS = web.AppKey("tenants", Tenants)
+HEALTH = web.AppKey("health", Health)
+DEPTH = web.AppKey("depth", DepthGauges)
 SEQUENCER: web.AppKey[Sequencer | None] = web.AppKey("sequencer")
 FLEET_KEYS = web.AppKey("fleet_keys", list)
 
@@ -47,8 +50,10 @@ def install(app: web.Application, settings: Settings, store: Store, *,
             clock: Any = None) -> None:
     """Put a node's state in ``app``, and its engine's start and stop in its life cycle."""
     counting = store if isinstance(store, CountingStore) else CountingStore(store)
+    # Every part works through the watch: /health answers from its notes.
+    watched = StoreWatch(counting)
     keys = settings.keys()
-    engine = Engine(counting, TokenSigner(keys), namespace=settings.namespace,
+    engine = Engine(watched, TokenSigner(keys), namespace=settings.namespace,
                     clock=clock, options=settings.engine_options())
     app[SETTINGS] = settings
     app[STORE] = counting
@@ -56,7 +61,7 @@ def install(app: web.Application, settings: Settings, store: Store, *,
     admission = Admission.from_settings(settings)
     sequencer = None
     if settings.sequencer:
-        sequencer = Sequencer(counting, settings.namespace, keys,
+        sequencer = Sequencer(watched, settings.namespace, keys,
                               shards=settings.sequencer_shards, role_ttl=settings.role_ttl,
                               url=settings.advertise_url)
         app[SERVICE] = RoutedService(engine, sequencer, admission)
@@ -65,10 +70,13 @@ def install(app: web.Application, settings: Settings, store: Store, *,
     app[SEQUENCER] = sequencer
     app[FLEET_KEYS] = keys
     app[METRICS] = Metrics()
-    app[KEYRING] = KeyRing(counting, settings.api_key_set(), required=settings.require_api_keys,
+    app[HEALTH] = Health(watched, settings.namespace)
+    app[KEYRING] = KeyRing(watched, settings.api_key_set(), required=settings.require_api_keys,
                            ttl=settings.api_key_cache)
-    app[TENANTS] = Tenants(settings, counting, keys, app[SERVICE], clock=clock)
+    app[TENANTS] = Tenants(settings, watched, keys, app[SERVICE], clock=clock)
     app[METRICS].watch(engine, counting, sequencer)
+    app[DEPTH] = DepthGauges(app[SERVICE], app[METRICS], settings.depth_interval,
+                             settings.depth_max_queues)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_stop_waiting)
 

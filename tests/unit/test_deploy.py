@@ -34,6 +34,7 @@ import yaml  # type: ignore[import-untyped]
 
 from compactor import cli as compactor_cli
 from compactor.cli import Metrics as CompactorMetrics
+from okq.server.health import PROBE_TIMEOUT
 from okq.server.metrics import Metrics as NodeMetrics
 from okq.settings import Settings
 
@@ -675,6 +676,21 @@ def test_chart_probes_use_health(chart: tuple[dict[str, Any], ...]) -> None:
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 if probe in container:
                     assert container[probe]["httpGet"]["path"] == "/health"
+
+
+def test_chart_probes_drop_a_node_that_does_not_answer(
+        chart: tuple[dict[str, Any], ...]) -> None:
+    """A node that accepts connections but never answers leaves the Service's
+    endpoints within seconds; a probe of a live node is never cut by the timeout
+    (its own store request, when it makes one, is bounded below it); a store
+    outage (every node 503) does not restart the fleet for two minutes."""
+    [node] = containers(by_component(chart, "node"))
+    ready, live = node["readinessProbe"], node["livenessProbe"]
+    for probe in (ready, live):
+        assert PROBE_TIMEOUT < probe["timeoutSeconds"] <= 2, probe
+    hung_for = ready["periodSeconds"] * ready["failureThreshold"] + ready["timeoutSeconds"]
+    assert hung_for <= 8, ready  # before: 2 x 5 s + 6 s
+    assert live["periodSeconds"] * live["failureThreshold"] >= 120, live
 
 
 def test_chart_pods_get_no_service_links(chart: tuple[dict[str, Any], ...]) -> None:

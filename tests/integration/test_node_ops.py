@@ -1,0 +1,251 @@
+"""A node's operations, in process: what /health costs and tells, the depth
+gauges, queue updates over HTTP, long-poll admission when callers go away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from okq.server.app import create_app
+from okq.server.health import Health, StoreWatch
+from okq.server.state import HEALTH, SERVICE
+from okq.settings import Settings
+from okq.store import CountingStore, FaultyStore, MemoryStore, Store
+
+KEY = "node-ops-test-key-0123456789"
+
+class Node:
+    """A node on a loopback port, served as ``okq serve`` serves it (a handler is
+    not cancelled when its client goes away), and a client session to it."""
+
+    def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
+        self.app, self.runner = app, runner
+        self.session = aiohttp.ClientSession(base_url=url)
+
+    def get(self, path: str) -> Any:
+        return self.session.get(path)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.session.post(path, **kwargs)
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.runner.cleanup()
+
+
+Start = Callable[..., Awaitable[Node]]
+
+
+@pytest.fixture
+async def start_node() -> AsyncIterator[Start]:
+    nodes: list[Node] = []
+
+    async def start(store: Store, **overrides: Any) -> Node:
+        fields = {"store": "memory://", "signing_keys": KEY, "self_check": False,
+                  "linger": 0.002, **overrides}
+        app = create_app(Settings(**fields), store)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        nodes.append(Node(app, runner, f"http://127.0.0.1:{port}"))
+        return nodes[-1]
+
+    yield start
+    for node in nodes:
+        await node.close()
+
+
+async def call(client: Node, verb: str, body: dict[str, Any],
+               status: int = 200) -> dict[str, Any]:
+    async with client.post(f"/v1/{verb}", json=body) as resp:
+        out: dict[str, Any] = await resp.json()
+        assert resp.status == status, out
+        return out
+
+
+# -- /health ------------------------------------------------------------------------
+
+
+async def test_health_probes_cost_no_store_request_while_the_store_answers(
+        start_node: Start) -> None:
+    counting = CountingStore(MemoryStore())
+    client = await start_node(counting)
+    await call(client, "queues.create", {"name": "q"}, 201)
+    before = counting.total
+    for _ in range(20):
+        resp = await client.get("/health")
+        assert resp.status == 200
+        body = await resp.json()
+        assert body["status"] == "ok" and body["store"] == "memory"
+        assert 0 <= body["store_heard"] < 30
+    assert counting.total == before  # a LIST per probe before
+
+
+async def test_a_quiet_node_asks_the_store_once_for_many_probes() -> None:
+    now = [1000.0]
+    counting = CountingStore(MemoryStore())
+    health = Health(StoreWatch(counting, now=lambda: now[0]), "ns", quiet=30)
+    verdicts = await asyncio.gather(*(health.check() for _ in range(10)))
+    assert all(v.ok for v in verdicts)
+    assert counting.requests == {"head": 1}  # one GET-class request, shared
+    now[0] += 29
+    assert (await health.check()).ok
+    assert counting.total == 1
+    now[0] += 2  # quiet for longer than 30 s: asked again
+    assert (await health.check()).ok
+    assert counting.total == 2
+
+
+async def test_a_failing_store_is_reported_then_rechecked() -> None:
+    now = [1000.0]
+    faulty = FaultyStore(MemoryStore())
+    faulty.inject("*", "error", times=-1)
+    watch = StoreWatch(faulty, now=lambda: now[0])
+    health = Health(watch, "ns", recheck=2)
+    verdict = await health.check()
+    assert not verdict.ok and verdict.failure == "StorageError"
+    calls = len(faulty.calls)
+    now[0] += 1
+    assert not (await health.check()).ok
+    assert len(faulty.calls) == calls  # answered from the notes within `recheck`
+    faulty.clear()
+    now[0] += 2
+    assert (await health.check()).ok  # asked again, and the store answered
+
+
+async def test_a_node_request_failing_turns_health_red_at_once() -> None:
+    now = [1000.0]
+    faulty = FaultyStore(MemoryStore())
+    watch = StoreWatch(faulty, now=lambda: now[0])
+    health = Health(watch, "ns")
+    await watch.put("ns/x", b"1")
+    assert (await health.check()).ok
+    faulty.inject("*", "error", times=-1)
+    now[0] += 0.5
+    with pytest.raises(Exception, match="injected"):
+        await watch.get("ns/x")
+    assert not (await health.check()).ok
+
+
+async def test_health_tells_no_endpoint_bucket_or_store_error_text(start_node: Start) -> None:
+    faulty = FaultyStore(MemoryStore())
+    faulty.url = "s3://secret-bucket/tenant-prefix?endpoint=http://10.1.2.3:9000"
+    client = await start_node(faulty)
+    faulty.inject("*", "error", times=-1)
+    client.app[HEALTH].watch.answered = None  # as if the node had never reached it
+    resp = await client.get("/health")
+    assert resp.status == 503
+    text = await resp.text()
+    for secret in ("secret-bucket", "tenant-prefix", "10.1.2.3", "injected", "health/probe"):
+        assert secret not in text, text
+    body = await resp.json()
+    assert body["status"] == "store unavailable: StorageError" and body["store"] == "s3"
+
+
+# -- long polls whose caller went away ------------------------------------------------
+
+
+async def test_an_abandoned_long_poll_frees_its_max_waiting_slot(start_node: Start) -> None:
+    client = await start_node(MemoryStore(), max_waiting=1)
+    await call(client, "queues.create", {"name": "q"}, 201)
+    body = {"queue_name": "q", "request_timeout": 60}
+
+    async def long_poll() -> None:
+        async with client.post("/v1/queue.lease", json=body) as resp:
+            await resp.read()
+
+    abandoned = asyncio.create_task(long_poll())
+    service = client.app[SERVICE]
+    while service.waiting("q") < 1:
+        assert not abandoned.done()
+        await asyncio.sleep(0.01)
+    await call(client, "queue.lease", {**body, "request_timeout": 0.1}, 429)  # taken
+    abandoned.cancel()  # the caller goes away: its connection closes
+    with contextlib.suppress(asyncio.CancelledError):
+        await abandoned
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 10
+    while service.waiting("q") and loop.time() < give_up:
+        await asyncio.sleep(0.05)
+    assert service.waiting("q") == 0  # before: held until its 60 s request_timeout
+    await call(client, "queue.lease", {**body, "request_timeout": 0.1})
+
+
+# -- queues.update and dead queues ---------------------------------------------------------
+
+
+async def test_dead_queue_is_cleared_over_http_with_an_empty_string(start_node: Start) -> None:
+    client = await start_node(MemoryStore())
+    await call(client, "queues.create", {"name": "dlq"}, 201)
+    await call(client, "queues.create", {"name": "q", "dead_queue": "dlq"}, 201)
+    kept = await call(client, "queues.update", {"name": "q", "dead_queue": None})
+    assert kept["dead_queue"] == "dlq"  # null: unchanged
+    cleared = await call(client, "queues.update", {"name": "q", "dead_queue": ""})
+    assert cleared["dead_queue"] is None
+    assert (await call(client, "queues.info", {"name": "q"}))["dead_queue"] is None
+    await call(client, "queues.delete", {"name": "dlq"})  # no longer anyone's dead queue
+
+
+async def test_two_racing_updates_cannot_close_a_dead_queue_loop(start_node: Start) -> None:
+    faulty = FaultyStore(MemoryStore())
+    client = await start_node(faulty)
+    for name in ("a", "b"):
+        await call(client, "queues.create", {"name": name}, 201)
+    # Both updates check the chain before either's manifest write lands.
+    faulty.inject("put", "latency", key="/manifests/", delay=0.3, times=2)
+    answers = await asyncio.gather(
+        client.post("/v1/queues.update", json={"name": "a", "dead_queue": "b"}),
+        client.post("/v1/queues.update", json={"name": "b", "dead_queue": "a"}))
+    statuses = sorted(resp.status for resp in answers)
+    for resp in answers:
+        body = await resp.json()
+        if resp.status == 400:
+            assert body["details"]["field"] == "dead_queue" and "loop" in body["details"]
+    assert statuses in ([200, 400], [400, 400]), statuses
+    dead = {name: (await call(client, "queues.info", {"name": name}))["dead_queue"]
+            for name in ("a", "b")}
+    assert dead != {"a": "b", "b": "a"}, dead  # before: both landed, a loop
+    ok = [resp for resp in answers if resp.status == 200]
+    assert len([d for d in dead.values() if d]) == len(ok)  # what was answered 200 holds
+
+
+# -- queue depth gauges ----------------------------------------------------------------
+
+
+def _depth(text: str, queue: str, state: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(f'okq_queue_items{{queue="{queue}",state="{state}"}}'):
+            return float(line.split()[-1])
+    return None
+
+
+async def test_depth_gauges_follow_the_queue_without_stats_calls(start_node: Start) -> None:
+    counting = CountingStore(MemoryStore())
+    client = await start_node(counting, depth_interval=0.2)
+    await call(client, "queues.create", {"name": "q"}, 201)
+    await call(client, "queue.produce", {"queue_name": "q", "items": [{"utf8": "a"}] * 3})
+
+    async def scrape() -> str:
+        async with client.get("/metrics") as resp:
+            return await resp.text()
+
+    assert _depth(await scrape(), "q", "available") == 3  # before: no gauge until stats
+    await call(client, "queue.lease", {"queue_name": "q", "batch_size": 2})
+    await asyncio.sleep(0.25)
+    text = await scrape()
+    assert _depth(text, "q", "available") == 1 and _depth(text, "q", "in_flight") == 2
+    before = counting.total
+    for _ in range(5):  # within the interval: the figures scraped, no store request
+        await scrape()
+    assert counting.total == before
+    await call(client, "queues.delete", {"name": "q"})
+    await asyncio.sleep(0.25)
+    assert _depth(await scrape(), "q", "available") is None  # a deleted queue's gauge goes
