@@ -39,7 +39,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from okq.sequencer import SIGNATURE_HEADER, sign
+from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, sign
 from okq.server.routes import ROUTES
 from tests.nodes import KEYS, Node, okq_node
 
@@ -615,9 +615,10 @@ def test_the_cli_makes_keys_in_the_namespace_it_names(served: Served) -> None:
 # -- the fleet's internal endpoint ------------------------------------------------------------
 
 
-def _forward_body(url: str) -> bytes:
-    """A well-formed forward: produce one item to ``fwd``."""
-    body: bytes = msgpack.packb({"v": 1, "op": "produce", "q": "fwd",
+def _forward_body(url: str, to: str = "") -> bytes:
+    """A well-formed forward: produce one item to ``fwd``, meant for node ``to``."""
+    body: bytes = msgpack.packb({"v": FORWARD_VERSION, "ns": "default", "to": to, "seq": 1,
+                                 "op": "produce", "q": "fwd",
                                  "a": {"items": [[b"forwarded", None, None, None]]},
                                  "from": "test", "url": url})
     return body
@@ -633,7 +634,9 @@ def test_the_forward_endpoint_needs_the_fleet_signature(tmp_path: Path) -> None:
     extra = ["--api-keys", OPERATOR, "--sequencer"]
     with okq_node(f"file://{tmp_path / 'store'}", tmp_path, extra=extra) as node:
         Api(node.url, OPERATOR).seed("fwd", [])
-        body = _forward_body(node.url)
+        with urllib.request.urlopen(f"{node.url}/health", timeout=10) as resp:
+            node_id = str(json.load(resp)["node"])
+        body = _forward_body(node.url, node_id)
         plain = {"Content-Type": "application/msgpack"}
         for what, headers in {
             "no signature": plain,
