@@ -155,8 +155,8 @@ class Settings(BaseSettings):
     role_ttl: float = Field(
         45, ge=3, le=3600,
         description="seconds a sequencer role lasts unrenewed (renewed every third of it); "
-        "a holder that dies is replaced at once when its port refuses connections, "
-        "after this long when it hangs",
+        "a holder that dies or hangs is replaced within seconds (its port refuses, or it "
+        "answers no ping); one cut off from the store steps down after this long",
     )
     sqs: bool = Field(
         True,

@@ -16,13 +16,12 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Self
 
 import aiohttp
 from aiohttp import web
 
 from okq.sequencer import FORWARD_PATH, MISDIRECTED, port_refused
-from tests.servers import Server
+from tests.loopserver import LoopServer
 
 HOST = "127.0.0.1"
 _PASSED = ("content-type", "x-okq-fleet-signature")
@@ -38,14 +37,12 @@ class Captured:
     headers: dict[str, str]
 
 
-class ForwardTap(Server):
+class ForwardTap(LoopServer):
     def __init__(self) -> None:
         self.url = ""
         self.nodes: dict[int, str] = {}  # index -> the node's own URL
         self.captured: list[Captured] = []
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -96,19 +93,3 @@ class ForwardTap(Server):
             await self._runner.cleanup()
         if self._http is not None:
             await self._http.close()
-
-    def start(self) -> Self:
-        loop = self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=loop.run_forever, name="forwardtap", daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._setup(), loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is None or self._thread is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._teardown(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join(10)
-        loop.close()

@@ -30,12 +30,12 @@ import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, Self
+from typing import Literal
 
 import aiohttp
 from aiohttp import web
 
-from tests.servers import Server
+from tests.loopserver import LoopServer
 
 HOST = "127.0.0.1"
 #: Headers that describe one connection, not the request; aiohttp sets its own.
@@ -94,7 +94,7 @@ class Rule:
                                f"within {timeout} s")
 
 
-class S3Proxy(Server):
+class S3Proxy(LoopServer):
     """``with S3Proxy(upstream) as proxy:`` — forward to ``upstream``, with faults."""
 
     def __init__(self, upstream: str, *, seed: int | None = None, clients: int = 0) -> None:
@@ -105,8 +105,6 @@ class S3Proxy(Server):
         self._rules: list[Rule] = []
         self._lock = threading.Lock()
         self._random = random.Random(seed)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -201,22 +199,6 @@ class S3Proxy(Server):
         if self._http is not None:
             await self._http.close()
 
-    # -- life cycle ------------------------------------------------------------
-    def start(self) -> Self:
-        loop = self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=loop.run_forever, name="s3proxy", daemon=True)
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._setup(), loop).result(10)
-        return self
-
     def stop(self) -> None:
-        loop, self._loop = self._loop, None
-        if loop is None or self._thread is None:
-            return
         self.clear()
-        asyncio.run_coroutine_threadsafe(self._teardown(), loop).result(30)
-        asyncio.run_coroutine_threadsafe(loop.shutdown_default_executor(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join(10)
-        loop.close()
-
+        super().stop()
