@@ -25,15 +25,23 @@ Life of a role (docs/DESIGN.md, "Sequencer mode"):
 - *claim*: a node that needs a shard with no role object creates it (create-only);
 - *renew*: the holder rewrites it (If-Match) every third of ``role_ttl``;
 - *lapse*: a role object that has not changed for ``role_ttl`` (by the
-  observer's own monotonic clock: no clocks are compared), while its holder
-  answered none of the observer's forwards, may be claimed with If-Match on
-  the version seen;
+  observer's own monotonic clock: no clocks are compared), beyond what its
+  holder last vouched for in its answers, may be claimed with If-Match on the
+  version seen; a holder that cannot renew (cut off from the store) vouches for
+  less and less and steps down after ``role_ttl``;
 - *dead holder*: a node whose forward finds the holder's port refusing
-  connections does not wait for the lapse: the holder's process is gone, and
-  the node claims at once. Nodes listed in ``members`` take turns by a hash of
-  the epoch (the first at once, the next 0.3 s later, ...) so that they do not
-  all race for the same CAS;
+  connections, or another node answering there (421), does not wait for the
+  lapse: the holder's process is gone, and the node claims at once. Nodes
+  listed in ``members`` take turns by a hash of the epoch (the first at once,
+  the next 0.3 s later, ...) so that they do not all race for the same CAS;
+- *hung holder*: a forward that has waited ``PROBE_AFTER`` makes the sender ping
+  the holder; a holder that does not answer within ``PROBE_TIMEOUT`` is claimed
+  like a dead one (the waiting forward answers ``outcome_unknown``);
 - *release*: a holder that shuts down cleanly deletes its role objects.
+
+A forward names its namespace, the node it is meant for and its sender's
+sequence number under the fleet signature: the receiver refuses one meant for
+another node or namespace (421) and one it has seen (401, ``ReplayGuard``).
 
 While a node holds a shard its cached manifests and lease objects of the
 shard's queues are *trusted* for ``trusted_max_age`` rather than 0.2 s: every
