@@ -92,6 +92,7 @@ from okq.devservers import Process, ServerMissing, nginx_binary, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.localfleet import FleetError, FleetNode, LocalFleet
 from okq.sequencer import FORWARD_PATH
+from okq.store.base import DEFAULT_S3_TIMEOUT
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.forwardtap import ForwardTap
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report
@@ -100,9 +101,9 @@ from tests.s3proxy import Rule, S3Proxy
 LEASE_TIMEOUT = 3.0  # seconds: the campaign's queues redeliver a lost lease quickly
 ROLE_TTL = 15.0  # a hung holder is found by pings within seconds; its lapse takes this long
 CLIENT_TIMEOUT = 10.0  # the load's okq clients: longer than nginx gives a call (5 s)
-#: The nodes' and the compactor's S3 client timeout (okq.store: 30 s, not configurable):
-#: a "timeout" fault keeps the answer from them for longer than this.
-S3_CLIENT_TIMEOUT = 30.0
+#: The nodes' and the compactor's S3 request timeout (``--s3-timeout``; the fleet runs
+#: them with its default): a "timeout" fault keeps the answer from them for longer.
+S3_CLIENT_TIMEOUT = DEFAULT_S3_TIMEOUT
 BOUND_S = MAX_CLOCK_SKEW_MS / 1000
 SCENARIOS = ("store", "kill", "stop", "clock", "clock-beyond", "s3-restart", "hang",
              "cutoff", "replay", "namespaces")
@@ -124,7 +125,7 @@ class StoreFaults:
     landed_drop: float = 0.01  # a write lands, its caller's connection is dropped
     timeout: float = 0.01  # no answer until past the S3 client timeout; never sent on
     timeout_landed: float = 0.01  # sent on (lands), answer held past the client timeout
-    timeouts_max: int = 4  # of each timeout kind: each ties a request up for 30 s
+    timeouts_max: int = 4  # of each timeout kind: each ties a request up past --s3-timeout
 
 
 @dataclass(frozen=True)
