@@ -26,9 +26,10 @@ from typing import Any
 
 from okq.engine import Engine, LeasedItem, QueueInfo
 from okq.errors import InvalidRequest, StorageError
+from okq.fleetwire import Unreachable
 from okq.model import QueueConfig
 from okq.publisher import NewItem
-from okq.sequencer import Sequencer, Unreachable
+from okq.sequencer import Sequencer
 from okq.service import Admission, Outputs, QueueService, Retry, RetryOutcome
 
 log = logging.getLogger("okq.routing")

@@ -90,8 +90,8 @@ from okq.client import Client
 from okq.clock import MAX_CLOCK_SKEW_MS
 from okq.devservers import Process, ServerMissing, nginx_binary, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
+from okq.fleetwire import FORWARD_PATH
 from okq.localfleet import FleetError, FleetNode, LocalFleet
-from okq.sequencer import FORWARD_PATH
 from okq.store.base import DEFAULT_S3_TIMEOUT
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.forwardtap import ForwardTap

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from okq.sequencer import FORWARD_PATH, MISDIRECTED, port_refused
+from okq.fleetwire import FORWARD_PATH, MISDIRECTED, port_refused
 from tests.loopserver import LoopServer
 
 HOST = "127.0.0.1"

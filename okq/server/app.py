@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from okq.sequencer import FORWARD_PATH, PING_PATH
+from okq.fleetwire import FORWARD_PATH, PING_PATH
 from okq.server import openapi
 from okq.server.handlers import forward, ping
 from okq.server.middleware import errors_and_metrics

@@ -21,10 +21,10 @@ from okq import wire as s
 from okq.auth import StoredKey, describe
 from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import Forbidden, InvalidRequest, OkqError
+from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
 from okq.model import QueueConfig
 from okq.publisher import NewItem
 from okq.routing import RoutedService
-from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
 from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
 from okq.server.health import store_kind
 from okq.server.middleware import public_details

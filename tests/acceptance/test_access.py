@@ -39,7 +39,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from okq.sequencer import FORWARD_VERSION, SIGNATURE_HEADER, sign
+from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, sign
 from okq.server.routes import ROUTES
 from tests.nodes import KEYS, Node, okq_node
 

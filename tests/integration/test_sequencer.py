@@ -30,20 +30,17 @@ from okq.errors import (
     StorageError,
     Unauthorized,
 )
-from okq.routing import RoutedService
-from okq.sequencer import (
+from okq.fleetwire import (
     FORWARD_PATH,
     FORWARD_VERSION,
     SIGNATURE_HEADER,
     ReplayGuard,
-    RoleRecord,
-    Sequencer,
     port_refused,
-    role_key,
-    shard_of,
     sign,
     verify,
 )
+from okq.routing import RoutedService
+from okq.sequencer import RoleRecord, Sequencer, role_key, shard_of
 from okq.server.app import create_app
 from okq.server.state import SEQUENCER, SERVICE, STORE, advertise
 from okq.settings import Settings
