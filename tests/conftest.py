@@ -87,6 +87,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         exit_past_native_threads(_EXIT_STATUS[-1])
 
 
+#: The files that take a minute or more on one worker (``--durations``, 4 workers on 2
+#: cores): xdist hands files out in collection order (``--no-loadscope-reorder``), so
+#: these go first and none of them is left to run alone at the end.
+LONG_FILES = (
+    "acceptance/test_campaign.py",
+    "acceptance/test_cli.py",
+    "acceptance/test_shell_worker.py",
+    "acceptance/test_schemathesis_auth.py",
+    "acceptance/test_sqs_clients.py",
+    "integration/test_engine_property.py",
+    "integration/test_compactor.py",
+    "acceptance/test_readme.py",
+    "acceptance/test_schemathesis.py",
+    "test_static.py",
+)
+
+
+def _start_rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+    return LONG_FILES.index(path) if path in LONG_FILES else len(LONG_FILES)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)  # stable: each file's own order is kept
+
+
 def _store_params(kinds: list[str]) -> list[object]:
     return [
         pytest.param(kind, id=kind, marks=[pytest.mark.s3] if kind in S3_STORES else [])
