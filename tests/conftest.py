@@ -6,6 +6,10 @@
 * ``store_factory`` — ``await make(kind)`` returns a fresh, empty store of kind
   ``memory``, ``file``, ``moto`` or ``seaweed`` (or ``moto-obstore`` /
   ``seaweed-obstore``: the same servers through obstore); all are closed at teardown.
+
+Under pytest-xdist (pyproject's addopts) each worker is its own session: it starts its
+own servers on free ports, in its own temporary folders, and reports their start-up
+times to the controller for the summary.
 * ``any_store`` — one fresh store, parametrised over ``ALL_STORES``;
   ``atomic_store`` — the same over ``ATOMIC_STORES`` (see tests/stores.py).
 """
@@ -16,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +39,12 @@ from tests.stores import ALL_STORES, ATOMIC_STORES, OBSTORE_STORES, S3_STORES, S
 
 #: Start-up times of the servers this session started, for the summary.
 _STARTUP: dict[str, float] = {}
+
+#: Each S3 request's bound for the stores ``store_factory`` opens: generous, since the
+#: suite's workers share the machine's cores with the servers (a SeaweedFS PUT under
+#: twenty racing writers once took over okq's default 10 s on a loaded 2-core machine).
+#: The tests of timeouts themselves open their own stores with their own bounds.
+TEST_S3_TIMEOUT = 30.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,6 +66,17 @@ _EXIT_STATUS: list[int] = []
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _EXIT_STATUS.append(int(exitstatus))
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its servers' start-up times go home
+        workeroutput["okq_startup"] = dict(_STARTUP)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist's controller: note each worker's server start-up times for the summary."""
+    started: dict[str, float] = getattr(node, "workeroutput", {}).get("okq_startup", {})
+    for name, seconds in started.items():
+        _STARTUP[f"{name} ({node.gateway.id})"] = seconds
 
 
 @pytest.hookimpl(trylast=True)
@@ -63,6 +85,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     # okq's own commands do (okq.store.exit_past_native_threads), with pytest's status.
     if _EXIT_STATUS:
         exit_past_native_threads(_EXIT_STATUS[-1])
+
+
+#: The files that take a minute or more on one worker (``--durations``, 4 workers on 2
+#: cores): xdist hands files out in collection order (``--no-loadscope-reorder``), so
+#: these go first and none of them is left to run alone at the end.
+LONG_FILES = (
+    "acceptance/test_campaign.py",
+    "acceptance/test_cli.py",
+    "acceptance/test_shell_worker.py",
+    "acceptance/test_schemathesis_auth.py",
+    "acceptance/test_sqs_clients.py",
+    "integration/test_engine_property.py",
+    "integration/test_compactor.py",
+    "acceptance/test_readme.py",
+    "acceptance/test_schemathesis.py",
+    "test_static.py",
+)
+
+
+def _start_rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+    return LONG_FILES.index(path) if path in LONG_FILES else len(LONG_FILES)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)  # stable: each file's own order is kept
 
 
 def _store_params(kinds: list[str]) -> list[object]:
@@ -104,12 +152,13 @@ async def store_factory(
             store = FileStore(tmp_path / f"store-{name}")
         elif kind in S3_STORES:
             endpoint = request.getfixturevalue(f"{kind}_endpoint")
-            store = S3Store(f"s3://{BUCKET}/{name}", endpoint_url=endpoint, region="us-east-1")
+            store = S3Store(f"s3://{BUCKET}/{name}", endpoint_url=endpoint, region="us-east-1",
+                            timeout=TEST_S3_TIMEOUT)
         elif kind in OBSTORE_STORES:  # "moto-obstore": moto's server, obstore's client
             server, _, client = kind.partition("-")
             endpoint = request.getfixturevalue(f"{server}_endpoint")
             store = open_store(f"s3://{BUCKET}/{name}?client={client}", endpoint_url=endpoint,
-                               region="us-east-1")
+                               region="us-east-1", timeout=TEST_S3_TIMEOUT)
         else:
             kinds = ALL_STORES + OBSTORE_STORES
             raise ValueError(f"unknown store kind {kind!r}; expected one of {kinds}")
