@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from compactor import Compactor, CompactorOptions
-from okq import Engine, ManualClock, NewItem, QueueConfig
+from okq import Engine, LeasedItem, ManualClock, NewItem, QueueConfig
 from okq.clock import OffsetClock
 from okq.errors import LeaseLost, Overloaded, QueueNotFound
 from okq.keys import lease_key, manifest_key
@@ -200,7 +200,9 @@ def _nth_put(match: str, n: int) -> Callable[[str], bool]:
     return hit
 
 
-async def test_outputs_published_once_however_late_the_help(store: Store) -> None:
+async def _outputs_published_then_crash(store: Store) -> tuple[ManualClock, LeasedItem, Engine]:
+    """A completion with outputs (``in`` -> ``out``) whose node dies after publishing
+    them, before P -> D: the clock, the leased item, and another engine on the store."""
     clock = ManualClock()
     faulty = FaultyStore(store)
     e = make_engine(faulty, clock)
@@ -213,7 +215,11 @@ async def test_outputs_published_once_however_late_the_help(store: Store) -> Non
     faulty.inject("put", "crash", key=_nth_put("/leases/in/", 2))
     with pytest.raises(SimulatedCrash):
         await e.complete_and_produce(item.token, "out", [b"result"])
-    other = make_engine(store, clock)
+    return clock, item, make_engine(store, clock)
+
+
+async def test_outputs_published_once_however_late_the_help(store: Store) -> None:
+    clock, item, other = await _outputs_published_then_crash(store)
     await other.produce("out", [b"unrelated"])
     clock.advance(1000)  # past the idempotency window: the marker is gone
     compactor = Compactor(make_engine(store, clock), clock=clock,
@@ -455,19 +461,7 @@ async def test_a_purge_stops_a_late_help_from_publishing_outputs_again(store: St
     when it is older than the purge's young window and was never leased, and the
     compactor down until the marker expired: the late help must not bring the
     purged outputs back."""
-    clock = ManualClock()
-    faulty = FaultyStore(store)
-    e = make_engine(faulty, clock)
-    await e.create_queue("in")
-    await e.create_queue("out")
-    await e.produce("in", [b"job"])
-    (item,) = await e.lease("in", 1)
-    # The completion (L -> P) lands, the outputs are published, then the node
-    # dies before P -> D: the second PUT to the input's lease object.
-    faulty.inject("put", "crash", key=_nth_put("/leases/in/", 2))
-    with pytest.raises(SimulatedCrash):
-        await e.complete_and_produce(item.token, "out", [b"result"])
-    other = make_engine(store, clock)
+    clock, item, other = await _outputs_published_then_crash(store)
     clock.advance(301)  # publish timeout + 4 x skew bound: no longer "young"
     await other.purge("out")
     clock.advance(600)  # past the idempotency window: the marker is gone
