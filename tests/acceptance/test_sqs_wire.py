@@ -149,14 +149,20 @@ def signed_at(req: Req, when: datetime, access_key: str = ACCESS_KEY,
     return replace(req, headers={**req.headers, "X-Amz-Date": amz_date, "Authorization": auth})
 
 
-def post(req: Req) -> Reply:
-    request = urllib.request.Request(req.url, data=req.body, headers=req.headers, method="POST")
+def send(req: Req, method: str) -> Reply:
+    """``req`` by ``method`` (a GET sends no body): the reply, error or not."""
+    request = urllib.request.Request(req.url, data=req.body if method == "POST" else None,
+                                     headers=req.headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
             return Reply(resp.status, resp.headers, resp.read())
     except urllib.error.HTTPError as err:
         with err:
             return Reply(err.code, err.headers, err.read())
+
+
+def post(req: Req) -> Reply:
+    return send(req, "POST")
 
 
 def call(node: Node, action: str, params: dict[str, Any]) -> Any:
@@ -607,15 +613,6 @@ def presign(url: str, form: list[tuple[str, str]], *, method: str = "GET",
     return Req(aws.prepare().url, b"", {})
 
 
-def send(req: Req, method: str) -> Reply:
-    request = urllib.request.Request(req.url, data=req.body if method == "POST" else None,
-                                     headers=req.headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return Reply(resp.status, resp.headers, resp.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return Reply(err.code, err.headers, err.read())
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
