@@ -34,6 +34,20 @@ def _calls(store: Store) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
             ("LIST", lambda: store.list("a/"))]
 
 
+async def _every_call_fails(store: Store, endpoint: str) -> list[tuple[str, str]]:
+    """Each call of ``_calls`` on ``store`` (closed after): its operation and the one
+    line of the StorageError it must raise."""
+    lines = []
+    try:
+        for op, call in _calls(store):
+            with pytest.raises(StorageError) as caught:
+                await call()
+            lines.append((op, _one_line(caught.value, endpoint)))
+    finally:
+        await store.close()
+    return lines
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 async def test_server_errors_and_a_missing_bucket_are_one_line(
         client: str, moto_endpoint: str) -> None:
@@ -69,15 +83,8 @@ async def test_server_errors_and_a_missing_bucket_are_one_line(
     finally:
         await store.close()
     store = open_store(f"s3://no-such-bucket/p?client={client}", endpoint_url=moto_endpoint)
-    try:
-        for op, call in _calls(store):
-            with pytest.raises(StorageError) as caught:
-                await call()
-            line = _one_line(caught.value, moto_endpoint)
-            assert line.startswith("no bucket 'no-such-bucket': S3 404 NoSuchBucket "
-                                   f"({op} "), line
-    finally:
-        await store.close()
+    for op, line in await _every_call_fails(store, moto_endpoint):
+        assert line.startswith(f"no bucket 'no-such-bucket': S3 404 NoSuchBucket ({op} "), line
 
 
 @pytest.fixture
@@ -112,13 +119,7 @@ async def metadata_denies(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None
 async def test_missing_credentials_say_what_to_set(
         client: str, moto_endpoint: str, metadata_denies: None) -> None:
     store = open_store(f"s3://{BUCKET}/creds?client={client}", endpoint_url=moto_endpoint)
-    try:
-        for _, call in _calls(store):
-            with pytest.raises(StorageError) as caught:
-                await call()
-            line = _one_line(caught.value, moto_endpoint)
-            assert line.startswith("no S3 credentials"), line
-            assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in line
-            assert "api/token" not in line and "resolve_deny" not in line
-    finally:
-        await store.close()
+    for _, line in await _every_call_fails(store, moto_endpoint):
+        assert line.startswith("no S3 credentials"), line
+        assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in line
+        assert "api/token" not in line and "resolve_deny" not in line
