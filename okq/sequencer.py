@@ -34,8 +34,9 @@ Life of a role (docs/DESIGN.md, "Sequencer mode"):
   lapse: the holder's process is gone, and the node claims at once. Nodes
   listed in ``members`` take turns by a hash of the epoch (the first at once,
   the next 0.3 s later, ...) so that they do not all race for the same CAS;
-- *hung holder*: a forward that has waited ``PROBE_AFTER`` makes the sender ping
-  the holder; a holder that does not answer within ``PROBE_TIMEOUT`` is claimed
+- *hung holder*: a forward that has waited ``PROBE_AFTER``, or any forward to a
+  holder not heard from for that long, makes the sender ping the holder; a
+  holder that does not answer within ``PROBE_TIMEOUT`` is claimed
   like a dead one (the waiting forward answers ``outcome_unknown``);
 - *release*: a holder that shuts down cleanly deletes its role objects.
 
@@ -95,8 +96,9 @@ log = logging.getLogger("okq.sequencer")
 #: Gap between the turns of successive claimants of a dead holder's role.
 CLAIM_TURN = 0.3
 #: A forward that has waited this long makes the sender ask the holder whether it
-#: still answers at all (``PING_PATH``, no store work), and again this often after.
-PROBE_AFTER = 1.0
+#: still answers at all (``PING_PATH``, no store work), and again this often after;
+#: a forward to a holder that has not answered anything for this long asks at once.
+PROBE_AFTER = 0.5
 #: A holder that does not answer a ping in this long is hung (SIGSTOP, a frozen VM,
 #: a half-open connection): its role is claimed as a dead holder's would be.
 PROBE_TIMEOUT = 1.5
@@ -172,6 +174,7 @@ class Sequencer:
         self.sent = 0  # forwards numbered so far (ReplayGuard)
         self.guard = ReplayGuard()
         self._probes: dict[str, tuple[float, asyncio.Future[bool]]] = {}  # url -> last ping
+        self._heard: dict[str, float] = {}  # url -> when it last answered a forward or ping
         self.stopping = False
 
     # -- life -------------------------------------------------------------------------
@@ -438,8 +441,17 @@ class Sequencer:
         """
         post = asyncio.ensure_future(self._post(holder, op, queue, args, timeout))
         try:
-            while not (await asyncio.wait({post}, timeout=PROBE_AFTER))[0]:
-                if not await self._answers(holder.url):
+            # A holder heard from lately is pinged only if the forward is slow; one
+            # quiet for PROBE_AFTER (this node had no traffic for it, or its
+            # forwards wait) at once, alongside: a hang is then found PROBE_TIMEOUT
+            # after the first forward that meets it.
+            wait = PROBE_AFTER if self._heard_lately(holder.url) else 0.0
+            while not (await asyncio.wait({post}, timeout=wait))[0]:
+                wait = PROBE_AFTER
+                probe = self._probe(holder.url)
+                either: set[asyncio.Future[Any]] = {post, probe}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if not post.done() and not probe.result():
                     post.cancel()
                     self.count("hung")
                     self.holder_unreachable(queue, holder, f"answers no ping in {PROBE_TIMEOUT} s")
@@ -451,6 +463,7 @@ class Sequencer:
             if not post.done():
                 post.cancel()
         reply = post.result()
+        self._heard[holder.url] = time.monotonic()
         if reply.get("held"):
             self._alive(queue, holder, float(reply.get("for", 0.0)), str(reply.get("nonce")))
         else:
@@ -495,19 +508,25 @@ class Sequencer:
                                  queue=queue)
         return reply
 
-    async def _answers(self, url: str) -> bool:
-        """Whether the node at ``url`` answers a ping, one ping at a time per node."""
+    def _heard_lately(self, url: str) -> bool:
+        """Whether the node at ``url`` answered a forward or a ping within PROBE_AFTER."""
+        return time.monotonic() - self._heard.get(url, -PROBE_AFTER) < PROBE_AFTER
+
+    def _probe(self, url: str) -> asyncio.Future[bool]:
+        """Whether the node at ``url`` answers a ping: one ping at a time per node,
+        shared by every forward waiting on it, and at most one per PROBE_AFTER."""
         last = self._probes.get(url)
         if last is None or (last[1].done() and time.monotonic() - last[0] >= PROBE_AFTER):
             last = (time.monotonic(), asyncio.ensure_future(self._ping(url)))
             self._probes[url] = last
-        return await asyncio.shield(last[1])
+        return last[1]
 
     async def _ping(self, url: str) -> bool:
         assert self._session is not None, "sequencer not started"
         try:
             async with self._session.get(url + PING_PATH,
                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)):
+                self._heard[url] = time.monotonic()
                 return True  # any answer: its event loop runs
         except TimeoutError:
             return False

@@ -4,15 +4,16 @@ scenario ending with the history checker (tests/history.py).
     python -m tests.campaign [--short|--long] [--report PATH] [--scenarios a,b] [--seed N]
 
 A fleet (``okq.localfleet``: SeaweedFS, three ``okq serve`` nodes in
-sequencer mode, the compactor, nginx) runs the scenarios, with the
+sequencer mode, the compactor, nginx, and HAProxy from deploy/haproxy as a
+second load balancer over the same nodes) runs the scenarios, with the
 fault-injecting proxy (tests/s3proxy.py) between SeaweedFS and every node and
 the compactor; a second fleet like it without the sequencer then runs those
 named ``name@direct`` (there every node takes its lease decisions by its own
 clock, which is what the clock scenarios are after). Each scenario gets a
 fresh queue and its own client load:
 producers send keyed batches and retry an unknown outcome with the same keys,
-consumers complete what they lease, some through nginx and one of each per
-node directly, and every outcome goes into a :class:`~tests.history.History`.
+consumers complete what they lease, some through each load balancer and one
+of each per node directly, and every outcome goes into a :class:`~tests.history.History`.
 The faults run for the profile's time; then the load drains (producers stop,
 consumers take everything left, waiting out lease timeouts) and the checker
 reads the history. Scenarios (``SCENARIOS``):
@@ -36,8 +37,11 @@ reads the history. Scenarios (``SCENARIOS``):
 * ``s3-restart`` — SeaweedFS stopped and started again (same data, same port)
   in the middle of the run;
 * ``hang`` — the sequencer's holder SIGSTOPped for ``hang_seconds`` (60 s in the
-  long form) under load, then SIGCONT: how soon writes through nginx resume (the
-  nodes find the holder hung by a ping and claim its role) is in the notes;
+  long form) under load, then SIGCONT: how soon writes through each load
+  balancer resume (the nodes find the holder hung by a ping and claim its role;
+  HAProxy's health checks take it out of the rotation, nginx has none) is in the
+  notes and in ``resumed``; through HAProxy later than ``HANG_RESUME_S`` is an
+  incident;
 * ``cutoff`` — the holder cut off from the store (the proxy answers every S3
   request of its own with a 500 at once, as for revoked credentials) while the
   others reach it, for ``cutoff_seconds``: another node must hold the role within
@@ -88,13 +92,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from okq.client import Client
 from okq.clock import MAX_CLOCK_SKEW_MS
-from okq.devservers import Process, ServerMissing, nginx_binary, weed_binary
+from okq.devservers import Process, ServerMissing, free_port, nginx_binary, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.fleetwire import FORWARD_PATH
 from okq.localfleet import FleetError, FleetNode, LocalFleet
 from okq.store.base import DEFAULT_S3_TIMEOUT
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.forwardtap import ForwardTap
+from tests.haproxy import HaproxyServer, haproxy_binary
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report
 from tests.s3proxy import Rule, S3Proxy
 
@@ -105,6 +110,9 @@ CLIENT_TIMEOUT = 10.0  # the load's okq clients: longer than nginx gives a call 
 #: them with its default): a "timeout" fault keeps the answer from them for longer.
 S3_CLIENT_TIMEOUT = DEFAULT_S3_TIMEOUT
 BOUND_S = MAX_CLOCK_SKEW_MS / 1000
+#: Writes through a load balancer with active health checks resume this soon after
+#: the holder hangs (issue 19), or the ``hang`` scenario reports an incident.
+HANG_RESUME_S = 5.0
 SCENARIOS = ("store", "kill", "stop", "clock", "clock-beyond", "s3-restart", "hang",
              "cutoff", "replay", "namespaces")
 #: The namespace of the node that takes over a dead holder's address in ``namespaces``.
@@ -135,8 +143,8 @@ class Profile:
     name: str
     seconds: float  # faults (and load) per scenario, before the drain
     drain: float  # the longest a drain may take
-    producers_via_nginx: int = 2
-    consumers_via_nginx: int = 2
+    producers_per_balancer: int = 2
+    consumers_per_balancer: int = 2
     batch: int = 5
     pause: float = 0.2  # between a producer's batches
     store: StoreFaults = StoreFaults()
@@ -217,9 +225,10 @@ def forward_outcomes(fleet: LocalFleet) -> dict[str, float]:
 
 
 def require_programs() -> None:
-    """ServerMissing unless weed, nginx and libfaketime are all here."""
+    """ServerMissing unless weed, nginx, HAProxy and libfaketime are all here."""
     weed_binary()
     nginx_binary()
+    haproxy_binary()
     libfaketime()
 
 
@@ -525,6 +534,7 @@ class Outcome:
     examples: dict[str, list[Any]]
     misdelivered: int = 0
     replays_accepted: int = 0
+    resumed: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -553,7 +563,7 @@ def outcome_of(name: str, mode: str, seconds: float, drained: bool, load: Load,
         duplicated_keys=len(report.duplicated_keys),
         early_redeliveries=None if run.skewed else len(report.early_redeliveries),
         clocks=run.clocks, misdelivered=run.misdelivered,
-        replays_accepted=run.replays_accepted,
+        replays_accepted=run.replays_accepted, resumed=run.resumed,
         errors=dict(load.errors.most_common()), notes=run.notes, checker=report.summary(),
         examples={"lost": report.lost[:10], "completed_twice": report.completed_twice[:10],
                   "late_deliveries": [list(x) for x in report.late_deliveries[:10]],
@@ -623,6 +633,8 @@ class Run:
     skewed: bool = False  # clocks were wrong: lease deadlines are not comparable
     misdelivered: int = 0  # items that reached another namespace's queue
     replays_accepted: int = 0  # captured forwards a node ran again
+    #: load balancer -> seconds from the fault to the first write acknowledged through it
+    resumed: dict[str, float | None] = field(default_factory=dict)
 
 
 class Campaign:
@@ -642,6 +654,8 @@ class Campaign:
             compactor_args=["--interval", "2", "--safety-age", "200", "--gc-every", "5"],
             stop_timeout=10, s3_via=self._proxy_for, node_s3=self._node_s3,
             advertise=self.tap.url_for if self.tap else None)
+        #: A second load balancer over the same nodes, with active health checks.
+        self.haproxy: HaproxyServer | None = None
         self.fleet_start = 0.0
         #: Held while a scenario or the supervisor takes processes down or up: one at a time.
         self._hands = threading.Lock()
@@ -661,6 +675,9 @@ class Campaign:
     def start(self) -> None:
         began = time.monotonic()
         self.fleet.start()
+        self.haproxy = HaproxyServer(
+            self.workdir / ("haproxy" if self.fleet.sequencer else "haproxy-direct"), free_port(),
+            [n.url.removeprefix("http://") for n in self.fleet.nodes]).start()
         asyncio.run(self._warm_up())
         if self.fleet.sequencer:
             self.fleet.wait_holder(30)
@@ -673,6 +690,8 @@ class Campaign:
             await c.produce("warm-up", ["warm-up"])
 
     def stop(self) -> None:
+        if self.haproxy is not None:
+            self.haproxy.stop()
         self.fleet.stop()
         if self.proxy is not None:
             self.proxy.stop()
@@ -688,13 +707,13 @@ class Campaign:
         async with Client(self.fleet.url, timeout=30) as c:
             await c.create_queue(queue, lease_timeout=LEASE_TIMEOUT)
         nodes = [n.url for n in self.fleet.nodes]
-        via = [self.fleet.url]
-        if name == "namespaces":  # nginx would send clients to the other namespace's node
+        via = self._balancers()
+        if name == "namespaces":  # a balancer would send clients to the other namespace's node
             holder = await asyncio.to_thread(self.fleet.holder)
             nodes = [n.url for n in self.fleet.nodes if n is not holder]
             via = []
-        load = Load(queue, via * self.profile.producers_via_nginx + nodes,
-                    via * self.profile.consumers_via_nginx + nodes,
+        load = Load(queue, via * self.profile.producers_per_balancer + nodes,
+                    via * self.profile.consumers_per_balancer + nodes,
                     batch=self.profile.batch, pause=self.profile.pause)
         run = Run(load)
         began = time.monotonic()
@@ -711,6 +730,22 @@ class Campaign:
         report = load.history.check(lease_timeout=None if run.skewed else LEASE_TIMEOUT)
         mode = "sequencer" if self.fleet.sequencer else "direct"
         return outcome_of(name, mode, time.monotonic() - began, drained, load, report, run)
+
+    def _balancers(self) -> list[str]:
+        """The load balancers' URLs: nginx (``okq fleet``'s) and HAProxy."""
+        assert self.haproxy is not None, "the campaign is not started"
+        return [self.fleet.url, self.haproxy.url]
+
+    def _resumed(self, run: Run, since: float) -> str:
+        """Notes each balancer's first acknowledged write after ``since`` in ``run``;
+        says so in words."""
+        said = []
+        for name, url in zip(("nginx", "HAProxy"), self._balancers(), strict=True):
+            first, longest = run.load.write_gaps(url, since, time.monotonic())
+            run.resumed[name] = None if first is None else round(first, 2)
+            said.append(f"through {name} first {'none' if first is None else f'{first:.1f} s'}"
+                        f" after it, longest time with none {longest:.1f} s")
+        return "; ".join(said)
 
     def _injectors(self) -> dict[str, Callable[[Run], Awaitable[None]]]:
         return {"store": self._store, "kill": self._kill, "stop": self._stop,
@@ -934,13 +969,13 @@ class Campaign:
             stopped = time.monotonic()
             await asyncio.sleep(self.profile.hang_seconds)
             victim.kill(signal.SIGCONT)
-        first, longest = run.load.write_gaps(self.fleet.url, stopped, time.monotonic())
+        writes = self._resumed(run, stopped)
         holder = await asyncio.to_thread(self.fleet.holder)
         run.notes.append(
-            f"node {victim.index} stopped {self.profile.hang_seconds:g} s: first write through "
-            f"nginx {'none' if first is None else f'{first:.1f} s'} after the stop, longest "
-            f"time with none {longest:.1f} s; the role is now held by node "
-            f"{holder.index if holder else '-'}")
+            f"node {victim.index} stopped {self.profile.hang_seconds:g} s: writes {writes}; "
+            f"the role is now held by node {holder.index if holder else '-'}")
+        if (run.resumed["HAProxy"] or HANG_RESUME_S + 1) > HANG_RESUME_S:
+            run.incidents[f"writes through HAProxy not resumed within {HANG_RESUME_S:g} s"] += 1
         await asyncio.sleep(self.profile.seconds / 4)
 
     async def _cutoff(self, run: Run) -> None:
@@ -964,13 +999,12 @@ class Campaign:
             retire({"cutoff": [rule]})
         run.faults[f"node {victim.index} cut off from the store"] += 1
         run.faults["its S3 requests refused"] += len(rule.matched)
-        first, longest = run.load.write_gaps(self.fleet.url, cut, time.monotonic())
+        writes = self._resumed(run, cut)
         run.notes.append(
             f"node {victim.index}, the holder, cut off from the store for "
             f"{self.profile.cutoff_seconds:g} s (role TTL {ROLE_TTL:g} s): another node held "
             f"the role {'never' if moved is None else f'{moved:.1f} s'} after the cut; "
-            f"writes through nginx: first {'none' if first is None else f'{first:.1f} s'} "
-            f"after it, longest time with none {longest:.1f} s")
+            f"writes {writes}")
         if moved is None or moved > ROLE_TTL + 2:
             run.incidents["role not moved within the TTL"] += 1
         await asyncio.sleep(self.profile.seconds / 4)
