@@ -21,15 +21,25 @@ forward carries the operation whole and brings its typed result back.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from okq.admin import QueueInfo
 from okq.auth import Principal, open_principal
-from okq.errors import InvalidRequest, LeaseLost
+from okq.errors import InvalidRequest
 from okq.model import MoveTask, QueueConfig
+from okq.opvalues import Outputs as Outputs  # the values operations carry, re-exported
+from okq.opvalues import Retry as Retry
+from okq.opvalues import RetryOutcome as RetryOutcome
+from okq.opvalues import (
+    info_in,
+    info_out,
+    items_in,
+    items_out,
+    leased_in,
+    leased_out,
+)
 from okq.publisher import NewItem
 from okq.scheduler import LeasedItem
 from okq.views import BrowsedItem, QueueStats
@@ -38,42 +48,6 @@ R = TypeVar("R")
 
 #: The version of every operation's wire form (and of its result's).
 WIRE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Outputs:
-    """Items produced to ``queue`` in the same step as a completion."""
-
-    queue: str
-    items: Sequence[NewItem]
-
-
-@dataclass(frozen=True)
-class Retry:
-    """One delivery to release: ready again at ``retry_at_ms`` (now by default), or
-    dead-lettered; ``count_attempt=False`` gives it back without counting a try."""
-
-    token: str
-    retry_at_ms: int | None = None
-    dead: bool = False
-    error: str | None = None
-    count_attempt: bool = True
-
-
-@dataclass
-class RetryOutcome:
-    """What a retry batch did: how many landed, and each refusal by its index."""
-
-    total: int
-    retried: int = 0
-    failed: list[dict[str, Any]] = field(default_factory=list)  # {"index", "reason"}
-
-    def raise_if_failed(self) -> None:
-        """LeaseLost naming the refused items, when any was refused."""
-        if self.failed:
-            landed = f"; the other {self.retried} landed" if self.retried else ""
-            raise LeaseLost(f"{len(self.failed)} of {self.total} retries refused: the lease "
-                            f"was lost{landed}", failed=self.failed)
 
 
 class Op(Generic[R]):
@@ -141,40 +115,6 @@ class Layer(Protocol):
     def handle(self, op: Op[R], ctx: Context) -> Awaitable[R]: ...
 
 
-# -- conversions of the values operations carry --------------------------------------------
-
-_LEASED_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(LeasedItem)))
-
-
-def _items_out(items: Sequence[NewItem]) -> list[list[Any]]:
-    return [[i.payload, i.enqueue_at_ms, i.key, i.meta] for i in items]
-
-
-def _items_in(raw: list[list[Any]]) -> list[NewItem]:
-    return [NewItem(bytes(p), at, key, meta) for p, at, key, meta in raw]
-
-
-def _leased_out(items: Sequence[LeasedItem]) -> list[list[Any]]:
-    """Leased items as plain lists (``dataclasses.asdict`` deep-copies: slow)."""
-    return [list(_LEASED_FIELDS(i)) for i in items]
-
-
-def _leased_in(raw: list[list[Any]]) -> list[LeasedItem]:
-    return [LeasedItem(*fields) for fields in raw]
-
-
-def _info_out(info: QueueInfo) -> dict[str, Any]:
-    return {"name": info.name, "config": info.config.model_dump(),
-            "created_ms": info.created_ms, "segments": info.segments,
-            "produced": info.produced, "purged_ms": info.purged_ms}
-
-
-def _info_in(raw: dict[str, Any]) -> QueueInfo:
-    return QueueInfo(name=raw["name"], config=QueueConfig.model_validate(raw["config"]),
-                     created_ms=raw["created_ms"], segments=raw["segments"],
-                     produced=raw["produced"], purged_ms=raw.get("purged_ms", 0))
-
-
 # -- the lease API ---------------------------------------------------------------------------
 
 
@@ -189,11 +129,11 @@ class Produce(Op[list[str]]):
     items: Sequence[NewItem]
 
     def pack(self) -> dict[str, Any]:
-        return {"q": self.queue, "items": _items_out(self.items)}
+        return {"q": self.queue, "items": items_out(self.items)}
 
     @classmethod
     def unpack(cls, raw: dict[str, Any]) -> Produce:
-        return cls(str(raw["q"]), _items_in(raw["items"]))
+        return cls(str(raw["q"]), items_in(raw["items"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,10 +157,10 @@ class Lease(Op[list[LeasedItem]]):
         return cls(str(raw["q"]), int(raw["n"]), raw["lt"], float(raw["wait"]))
 
     def pack_result(self, result: list[LeasedItem]) -> Any:
-        return _leased_out(result)
+        return leased_out(result)
 
     def unpack_result(self, raw: Any) -> list[LeasedItem]:
-        return _leased_in(raw)
+        return leased_in(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,11 +174,11 @@ class GiveBack(Op[None]):
     items: Sequence[LeasedItem]
 
     def pack(self) -> dict[str, Any]:
-        return {"q": self.queue, "items": _leased_out(self.items)}
+        return {"q": self.queue, "items": leased_out(self.items)}
 
     @classmethod
     def unpack(cls, raw: dict[str, Any]) -> GiveBack:
-        return cls(str(raw["q"]), _leased_in(raw["items"]))
+        return cls(str(raw["q"]), leased_in(raw["items"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,12 +220,12 @@ class Complete(Op[list[str] | None]):
     def pack(self) -> dict[str, Any]:
         out: dict[str, Any] = {"q": self.queue, "tokens": list(self.tokens)}
         if self.outputs is not None:
-            out["oq"], out["oitems"] = self.outputs.queue, _items_out(self.outputs.items)
+            out["oq"], out["oitems"] = self.outputs.queue, items_out(self.outputs.items)
         return out
 
     @classmethod
     def unpack(cls, raw: dict[str, Any]) -> Complete:
-        outputs = Outputs(str(raw["oq"]), _items_in(raw["oitems"])) if "oq" in raw else None
+        outputs = Outputs(str(raw["oq"]), items_in(raw["oitems"])) if "oq" in raw else None
         return cls(str(raw["q"]), [str(t) for t in raw["tokens"]], outputs)
 
 
@@ -403,10 +343,10 @@ class UpdateQueue(Op[QueueInfo]):
         return cls(str(raw["q"]), dict(raw["changes"]))
 
     def pack_result(self, result: QueueInfo) -> Any:
-        return _info_out(result)
+        return info_out(result)
 
     def unpack_result(self, raw: Any) -> QueueInfo:
-        return _info_in(raw)
+        return info_in(raw)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from okq import ops
 from okq.engine import Engine
-from okq.errors import StorageError
+from okq.errors import OutcomeUnknown, StorageError
 from okq.fleetwire import Unreachable
 from okq.forwarding import Forwarder
 from okq.sequencer import Sequencer
@@ -65,6 +65,7 @@ class Route:
     async def _routed(self, op: ops.Op[R], ctx: ops.Context) -> R:
         seq, queue = self.sequencer, op.queue
         wire: dict[str, Any] | None = None
+        rid = ctx.rid
         for _ in range(ROUTE_TRIES):
             try:
                 holder = await seq.route(queue)
@@ -74,11 +75,13 @@ class Route:
             if holder is None:
                 return await self.inner.handle(op, ctx)
             if wire is None:
-                wire = ops.to_wire(op)
+                wire, rid = ops.to_wire(op), rid or secrets.token_hex(8)
             timeout = FORWARD_TIMEOUT + (op.wait if isinstance(op, ops.Lease) else 0.0)
             try:
-                return await self.forwarder.forward(holder, op, wire,
-                                                    ctx.rid or secrets.token_hex(8), timeout)
+                return await self.forwarder.forward(holder, op, wire, rid, timeout)
+            except OutcomeUnknown as exc:
+                log.warning("%s %s forwarded to %s: %s", op.name, rid, holder.url, exc.message)
+                raise
             except Unreachable as exc:
                 if not exc.refused:
                     break  # maybe alive but out of reach: write directly, claim nothing

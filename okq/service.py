@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from okq import ops
-from okq.admit import GONE_CHECK, Admission
+from okq.admit import Admission
 from okq.engine import BrowsedItem, Engine, LeasedItem, QueueInfo, QueueStats
 from okq.model import MoveTask, QueueConfig
 from okq.movetasks import MoveTaskStore
@@ -30,7 +30,7 @@ from okq.ops import SYSTEM, Context, Outputs, Retry, RetryOutcome
 from okq.pipeline import Pipeline, build
 from okq.publisher import NewItem
 
-__all__ = ["GONE_CHECK", "Admission", "Outputs", "QueueService", "Retry", "RetryOutcome"]
+__all__ = ["Admission", "Outputs", "QueueService", "Retry", "RetryOutcome"]
 
 
 class QueueService:

@@ -10,6 +10,7 @@ field, and whether the caller's connection is still open.
 from __future__ import annotations
 
 import difflib
+import logging
 from datetime import UTC, datetime
 from typing import Any, TypeVar, get_args
 
@@ -44,6 +45,8 @@ from okq.server.state import (
     STORE,
     TENANTS,
 )
+
+log = logging.getLogger("okq.server")
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
@@ -400,6 +403,8 @@ async def forward(request: web.Request) -> web.Response:
     try:
         reply["ok"] = op.pack_result(await request.app[PIPELINE].forwarded(op, ctx))
     except OkqError as exc:
+        if exc.status >= 500:
+            log.warning("forwarded %s %s from %s: %s", op.name, ctx.rid, call.get("from"), exc)
         reply["err"] = {"code": exc.code, "message": exc.message,
                         "details": public_details(exc)}
     reply["held"] = sequencer.holds(op.queue)

@@ -80,13 +80,14 @@ class SqsFrontEnd:
             return Principal("(unsigned)", "admin", caller.namespace)
         return self.principals[caller.access_key]
 
-    async def service(self, caller: Caller, gone: Callable[[], bool]) -> QueueService:
+    async def service(self, caller: Caller, gone: Callable[[], bool],
+                      rid: str = "") -> QueueService:
         """The caller's queue service: its namespace's pipeline, as its key (a node in
         sequencer mode serves its own namespace only: a key of another is refused as
         SQS refuses an unknown account)."""
         try:
             pipeline = await self.pipelines(caller.namespace)
-            return QueueService.over(pipeline, Context(self.principal(caller), gone))
+            return QueueService.over(pipeline, Context(self.principal(caller), gone, rid=rid))
         except OkqError as exc:
             raise SqsError("InvalidClientTokenId", f"this access key acts in namespace "
                            f"{caller.namespace!r}, which this node cannot serve: "
@@ -132,7 +133,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         caller = front.caller(request, body)
         action, params = _parse(request, body, json_protocol)
         handler = front.api.action(action)
-        call = Call(await front.service(caller, functools.partial(_client_gone, request)),
+        call = Call(await front.service(caller, functools.partial(_client_gone, request),
+                                        request_id),
                     front.names(request, caller.namespace),
                     caller.access_key,
                     trace=msg.trace_header(request.headers.get("X-Amzn-Trace-Id")))
