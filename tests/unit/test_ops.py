@@ -1,9 +1,12 @@
 """Operations as data (okq/ops.py): every change's wire form and its result's come
 back equal through msgpack, a foreign or malformed one is refused naming ``op``,
-and the pipeline's authorize layer reads what each operation names."""
+the pipeline's authorize layer reads what each operation names, and no front end
+reaches below the pipeline."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -93,3 +96,18 @@ def test_authorize_checks_the_role() -> None:
     reader = Principal("k", "read-only", "default")
     with pytest.raises(Forbidden, match=r"a read-only key may not call queue\.produce"):
         Authorize(Nowhere()).handle(ops.Produce("jobs", [NewItem(b"x")]), ops.Context(reader))
+
+
+FRONT_ENDS = [Path("okq/server/handlers.py"), Path("okq/server/middleware.py"),
+              Path("okq/worker.py"), Path("okq/workerqueues.py"), *Path("okq/sqs").glob("*.py")]
+
+
+@pytest.mark.parametrize("path", FRONT_ENDS, ids=str)
+def test_front_ends_reach_the_engine_only_through_the_pipeline(path: Path) -> None:
+    """No front end calls the engine or its parts: each hands operations to the
+    pipeline (okq/pipeline.py), directly or through okq/service.py."""
+    tree = ast.parse((Path(__file__).parents[2] / path).read_text())
+    reached = [f"line {n.lineno}: .{n.attr}" for n in ast.walk(tree)
+               if isinstance(n, ast.Attribute) and n.attr in ("engine", "runtime", "scheduler",
+                                                              "deliveries", "admin")]
+    assert reached == []
