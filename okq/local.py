@@ -25,7 +25,6 @@ from okq import ops
 from okq.engine import Engine
 from okq.errors import InvalidRequest, LeaseLost, OkqError, QueueNotFound
 from okq.limits import check_batch
-from okq.movetasks import cancel
 
 log = logging.getLogger("okq.service")
 
@@ -70,8 +69,9 @@ class Local:
             ops.Redrive: lambda op: e.redrive(op.queue, op.limit),
             ops.StartMoveTask: lambda op: e.move_tasks.create(op.task),
             ops.MoveTasksOf: lambda op: e.move_tasks.of_queue(op.queue),
-            ops.CancelMoveTask: lambda op: e.move_tasks.update(op.queue, op.seq, cancel,
+            ops.UpdateMoveTask: lambda op: e.move_tasks.update(op.queue, op.seq, op.apply,
                                                                e.clock.now_ms),
+            ops.ActiveMoveTasks: lambda op: e.move_tasks.active(),
         }
 
     def handle(self, op: ops.Op[R], ctx: ops.Context) -> Awaitable[R]:

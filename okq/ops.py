@@ -441,11 +441,24 @@ class MoveTasksOf(Op[list[MoveTask]]):
 
 
 @dataclass(frozen=True, slots=True)
-class CancelMoveTask(Op[MoveTask]):
-    name: ClassVar[str] = "cancel_move_task"
+class UpdateMoveTask(Op[MoveTask]):
+    """Apply ``apply`` to a move task by compare-and-swap (a cancel, a runner's claim
+    or beat: ``okq.movetasks``); the task as written."""
+
+    name: ClassVar[str] = "update_move_task"
     right: ClassVar[str] = "dead.redrive"
     queue: str
     seq: int
+    apply: Callable[[MoveTask, int], MoveTask]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveMoveTasks(Op[list[MoveTask]]):
+    """Every move task of the namespace that still has a runner to come."""
+
+    name: ClassVar[str] = "active_move_tasks"
+    right: ClassVar[str] = "queues.info"
+    queue: str = ""  # the whole namespace
 
 
 # -- the wire --------------------------------------------------------------------------------

@@ -39,7 +39,6 @@ from okq.clock import Clock
 from okq.engine import Engine
 from okq.errors import Forbidden
 from okq.local import Local
-from okq.movetasks import MoveTaskStore
 from okq.ops import SYSTEM, Context, Layer
 from okq.routing import Route
 from okq.sequencer import Sequencer
@@ -127,8 +126,6 @@ class Pipeline:
         self.top = top
         self.admit = admit
         self.clock: Clock = engine.clock
-        #: the SQS API's message move task records (their runners' claims and beats)
-        self.move_tasks: MoveTaskStore = engine.move_tasks
 
     def handle(self, op: ops.Op[R], ctx: Context = SYSTEM) -> Awaitable[R]:
         return self.top.handle(op, ctx)

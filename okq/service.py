@@ -25,7 +25,6 @@ from okq import ops
 from okq.admit import Admission
 from okq.engine import BrowsedItem, Engine, LeasedItem, QueueInfo, QueueStats
 from okq.model import MoveTask, QueueConfig
-from okq.movetasks import MoveTaskStore
 from okq.ops import SYSTEM, Context, Outputs, Retry, RetryOutcome
 from okq.pipeline import Pipeline, build
 from okq.publisher import NewItem
@@ -69,11 +68,6 @@ class QueueService:
     def now_ms(self) -> int:
         """The time by this node's clock (ms)."""
         return self.pipeline.clock.now_ms()
-
-    @property
-    def move_tasks(self) -> MoveTaskStore:
-        """The namespace's move task records (a runner's claims and beats)."""
-        return self.pipeline.move_tasks
 
     # -- the lease API --------------------------------------------------------------
     async def produce(self, queue: str, items: Sequence[NewItem]) -> list[str]:
@@ -160,5 +154,10 @@ class QueueService:
     async def move_tasks_of(self, dead_queue: str) -> list[MoveTask]:
         return await self.pipeline.handle(ops.MoveTasksOf(dead_queue), self.ctx)
 
-    async def cancel_move_task(self, dead_queue: str, seq: int) -> MoveTask:
-        return await self.pipeline.handle(ops.CancelMoveTask(dead_queue, seq), self.ctx)
+    async def update_move_task(self, dead_queue: str, seq: int,
+                               change: Callable[[MoveTask, int], MoveTask]) -> MoveTask:
+        """Apply ``change`` (``okq.movetasks``: cancel, claim, beat, finish) by CAS."""
+        return await self.pipeline.handle(ops.UpdateMoveTask(dead_queue, seq, change), self.ctx)
+
+    async def active_move_tasks(self) -> list[MoveTask]:
+        return await self.pipeline.handle(ops.ActiveMoveTasks(), self.ctx)

@@ -10,7 +10,7 @@ from typing import Any
 
 from okq.errors import ObjectNotFound, TaskLost
 from okq.model import MoveTask
-from okq.movetasks import ACTIVE
+from okq.movetasks import ACTIVE, cancel
 from okq.sqs.errors import SqsError, invalid
 from okq.sqs.params import Call, int_param, sqs_errors, str_param
 from okq.sqs.queue_actions import QueueActions
@@ -74,7 +74,7 @@ class MoveActions(QueueActions):
             raise missing_task
         with sqs_errors():
             try:
-                task = await call.service.cancel_move_task(*found)
+                task = await call.service.update_move_task(*found, cancel)
             except ObjectNotFound:
                 raise missing_task from None
             except TaskLost as exc:
