@@ -19,7 +19,7 @@ The engine is a facade: each call goes to the part that does it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from okq.admin import Admin, QueueInfo
@@ -89,6 +89,19 @@ class Engine:
     def cas_conflicts(self) -> int:
         """Conditional writes of this engine that lost a race (for metrics)."""
         return self.runtime.cas_conflicts
+
+    def queues_served(self) -> list[str]:
+        """The queues this engine has served since it started (for metrics)."""
+        return list(self.runtime.queues)
+
+    def trust(self, holds: Callable[[str], bool]) -> None:
+        """Every write to the queues ``holds`` names comes through this engine (a
+        sequencer role): their caches may be trusted for ``trusted_max_age``."""
+        self.runtime.trusted = holds
+
+    def forget_cached(self, which: Callable[[str], bool]) -> None:
+        """Drop what is cached of the queues ``which`` names: others wrote them."""
+        self.runtime.forget_cached(which)
 
     # -- life cycle --------------------------------------------------------
     async def start(self, *, self_check: bool = True) -> Engine:

@@ -3,7 +3,8 @@ the forward message's version, the fleet signature over it, the receiver's guard
 against replays, and what a failed forward says about the holder it was meant for
 (docs/DESIGN.md, "Sequencer mode"; docs/SECURITY.md, "Internal endpoints").
 
-A forward is ``POST FORWARD_PATH``, msgpack ``{v, ns, to, seq, op, q, a, from, url}``,
+A forward is ``POST FORWARD_PATH``, msgpack ``{v, ns, to, seq, op, rid, from, url}``
+(``op``: the operation's wire form, ``okq.ops.to_wire``; ``rid``: the request's id),
 signed with HMAC-SHA256 of ``timestamp \n body`` under the fleet's first signing key
 (``SIGNATURE_HEADER: ts.mac``); the receiver verifies it with any of the keys, within
 ``SIGNATURE_WINDOW`` of its clock, refuses one meant for another node or namespace
@@ -26,8 +27,9 @@ FORWARD_PATH = "/internal/v1/forward"
 PING_PATH = "/internal/v1/ping"
 #: The forward message's format; a node answers another version with a refusal
 #: that makes the sender write directly (mixed versions during an upgrade). Version 2
-#: names the namespace, the node it is meant for and a per-sender sequence number.
-FORWARD_VERSION = 2
+#: names the namespace, the node it is meant for and a per-sender sequence number;
+#: version 3 carries the operation whole (its own versioned wire form) and a request id.
+FORWARD_VERSION = 3
 SIGNATURE_HEADER = "X-Okq-Fleet-Signature"
 #: A signed forward older or newer than this (seconds, by the receiver's clock) is refused:
 #: twice the clock bound (two nodes' clocks may be 120 s apart, docs/DESIGN.md "Clocks")

@@ -35,8 +35,9 @@ Life of a role (docs/DESIGN.md, "Sequencer mode"):
   listed in ``members`` take turns by a hash of the epoch (the first at once,
   the next 0.3 s later, ...) so that they do not all race for the same CAS;
 - *hung holder*: a forward that has waited ``PROBE_AFTER``, or any forward to a
-  holder not heard from for that long, makes the sender ping the holder; a
-  holder that does not answer within ``PROBE_TIMEOUT`` is claimed
+  holder not heard from for that long, makes the sender ping the holder
+  (``okq.forwarding``); a holder that does not answer within ``PROBE_TIMEOUT`` is
+  claimed
   like a dead one (the waiting forward answers ``outcome_unknown``);
 - *release*: a holder that shuts down cleanly deletes its role objects.
 
@@ -68,26 +69,14 @@ import aiohttp
 import msgpack
 
 from okq.errors import (
-    BY_CODE,
     CASConflict,
     ObjectNotFound,
-    OkqError,
-    OutcomeUnknown,
     StorageError,
     Unauthorized,
 )
 from okq.fleetwire import (
-    FORWARD_PATH,
-    FORWARD_VERSION,
-    MISDIRECTED,
-    PING_PATH,
-    REFUSALS,
-    SIGNATURE_HEADER,
     Misdirected,
     ReplayGuard,
-    Unreachable,
-    port_refused,
-    sign,
 )
 from okq.store.base import Store
 
@@ -95,15 +84,6 @@ log = logging.getLogger("okq.sequencer")
 
 #: Gap between the turns of successive claimants of a dead holder's role.
 CLAIM_TURN = 0.3
-#: A forward that has waited this long makes the sender ask the holder whether it
-#: still answers at all (``PING_PATH``, no store work), and again this often after;
-#: a forward to a holder that has not answered anything for this long asks at once.
-PROBE_AFTER = 0.5
-#: A holder that does not answer a ping in this long is hung (SIGSTOP, a frozen VM,
-#: a half-open connection): its role is claimed as a dead holder's would be.
-PROBE_TIMEOUT = 1.5
-#: Seconds to connect to a holder before writing directly instead.
-CONNECT_TIMEOUT = 2.0
 #: A dead holder's id is remembered this long (its process is gone for good).
 DEAD_MEMORY = 600.0
 
@@ -150,7 +130,7 @@ class _Shard:
 
 
 class Sequencer:
-    """This node's view of the sequencer roles, and its forwarding client."""
+    """This node's view of the sequencer roles (its forwards: ``okq.forwarding``)."""
 
     def __init__(self, store: Store, namespace: str, keys: list[bytes], *,
                  shards: int = 1, role_ttl: float = 45.0, url: str | None = None,
@@ -173,8 +153,6 @@ class Sequencer:
         self.claims = 0
         self.sent = 0  # forwards numbered so far (ReplayGuard)
         self.guard = ReplayGuard()
-        self._probes: dict[str, tuple[float, asyncio.Future[bool]]] = {}  # url -> last ping
-        self._heard: dict[str, float] = {}  # url -> when it last answered a forward or ping
         self.stopping = False
 
     # -- life -------------------------------------------------------------------------
@@ -198,6 +176,12 @@ class Sequencer:
                     log.info("could not release sequencer role %d: %s", n, exc)
         if self._session is not None:
             await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The connections to the other nodes (``okq.forwarding``)."""
+        assert self._session is not None, "sequencer not started"
+        return self._session
 
     def held(self) -> list[int]:
         return [n for n, sh in enumerate(self._shards) if self._fresh(sh)]
@@ -268,7 +252,7 @@ class Sequencer:
             log.warning("sequencer %s at %s %s: claiming its role", holder.holder, holder.url,
                         why)
 
-    def _alive(self, queue: str, holder: RoleRecord, vouched: float, nonce: str) -> None:
+    def vouched_for(self, queue: str, holder: RoleRecord, vouched: float, nonce: str) -> None:
         """The holder answered that its role's version ``nonce`` is good for ``vouched``
         more seconds: as good as seeing it renewed, so a node with traffic never
         re-reads a live holder's role; a holder that cannot renew vouches for less
@@ -428,110 +412,6 @@ class Sequencer:
             log.warning("lost sequencer role %d: another node holds it", n)
             sh.held, sh.record = False, None
         return True
-
-    # -- forwarding ---------------------------------------------------------------------
-    async def forward(self, holder: RoleRecord, op: str, queue: str, args: dict[str, Any],
-                      timeout: float) -> Any:
-        """Run ``op`` on ``holder``; its result, or the okq error it raised.
-
-        Unreachable when nobody or another node answers at the holder's address
-        (nothing was run: safe to do it elsewhere); OutcomeUnknown when the request
-        was sent and no answer came, or the holder stopped answering pings meanwhile
-        (hung: its role is then claimed).
-        """
-        post = asyncio.ensure_future(self._post(holder, op, queue, args, timeout))
-        try:
-            # A holder heard from lately is pinged only if the forward is slow; one
-            # quiet for PROBE_AFTER (this node had no traffic for it, or its
-            # forwards wait) at once, alongside: a hang is then found PROBE_TIMEOUT
-            # after the first forward that meets it.
-            wait = PROBE_AFTER if self._heard_lately(holder.url) else 0.0
-            while not (await asyncio.wait({post}, timeout=wait))[0]:
-                wait = PROBE_AFTER
-                probe = self._probe(holder.url)
-                either: set[asyncio.Future[Any]] = {post, probe}
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                if not post.done() and not probe.result():
-                    post.cancel()
-                    self.count("hung")
-                    self.holder_unreachable(queue, holder, f"answers no ping in {PROBE_TIMEOUT} s")
-                    raise OutcomeUnknown(
-                        f"the sequencer node stopped answering while handling this {op}: its "
-                        "outcome is unknown; retrying is safe (produce with idempotency keys)",
-                        queue=queue)
-        finally:
-            if not post.done():
-                post.cancel()
-        reply = post.result()
-        self._heard[holder.url] = time.monotonic()
-        if reply.get("held"):
-            self._alive(queue, holder, float(reply.get("for", 0.0)), str(reply.get("nonce")))
-        else:
-            self.stale_view(queue)
-        if "err" in reply:
-            self.count("error")
-            err = reply["err"]
-            cls = BY_CODE.get(str(err.get("code")), OkqError)
-            raise cls(str(err.get("message")), **dict(err.get("details") or {}))
-        self.count("ok")
-        return reply.get("ok")
-
-    async def _post(self, holder: RoleRecord, op: str, queue: str, args: dict[str, Any],
-                    timeout: float) -> dict[str, Any]:
-        assert self._session is not None, "sequencer not started"
-        self.sent += 1
-        body = msgpack.packb({"v": FORWARD_VERSION, "ns": self.ns, "to": holder.holder,
-                              "seq": self.sent, "op": op, "q": queue, "a": args,
-                              "from": self.id, "url": self.url})
-        headers = {SIGNATURE_HEADER: sign(self.keys[0], body),
-                   "Content-Type": "application/msgpack"}
-        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT)
-        try:
-            async with self._session.post(holder.url + FORWARD_PATH, data=body,
-                                          headers=headers, timeout=limits) as resp:
-                if resp.status in REFUSALS or resp.status == MISDIRECTED:
-                    self.count("refused")  # refused before running: nothing was done
-                    raise Unreachable(f"{holder.url} refused the forward: HTTP {resp.status} "
-                                      f"{resp.reason}", refused=resp.status == MISDIRECTED)
-                reply = msgpack.unpackb(await resp.read())
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            self.count("unreachable")
-            raise Unreachable(str(exc), refused=port_refused(exc)) from exc
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            self.count("unknown")
-            raise OutcomeUnknown(
-                f"the sequencer node went away while handling this {op}: its outcome is "
-                "unknown; retrying is safe (produce with idempotency keys)", queue=queue,
-            ) from exc
-        if not isinstance(reply, dict):
-            raise OutcomeUnknown(f"the sequencer node answered this {op} with no reply",
-                                 queue=queue)
-        return reply
-
-    def _heard_lately(self, url: str) -> bool:
-        """Whether the node at ``url`` answered a forward or a ping within PROBE_AFTER."""
-        return time.monotonic() - self._heard.get(url, -PROBE_AFTER) < PROBE_AFTER
-
-    def _probe(self, url: str) -> asyncio.Future[bool]:
-        """Whether the node at ``url`` answers a ping: one ping at a time per node,
-        shared by every forward waiting on it, and at most one per PROBE_AFTER."""
-        last = self._probes.get(url)
-        if last is None or (last[1].done() and time.monotonic() - last[0] >= PROBE_AFTER):
-            last = (time.monotonic(), asyncio.ensure_future(self._ping(url)))
-            self._probes[url] = last
-        return last[1]
-
-    async def _ping(self, url: str) -> bool:
-        assert self._session is not None, "sequencer not started"
-        try:
-            async with self._session.get(url + PING_PATH,
-                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)):
-                self._heard[url] = time.monotonic()
-                return True  # any answer: its event loop runs
-        except TimeoutError:
-            return False
-        except aiohttp.ClientError:
-            return True  # gone or refusing: the forward itself finds that out
 
     def count(self, outcome: str) -> None:
         """One more forward with this outcome (``okq_sequencer_forwards``)."""

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, urlparse
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from okq.auth import check_new_key
 from okq.engine import EngineOptions
 from okq.keys import check_name
 from okq.limits import MAX_BATCH_MAX, REQUEST_TIMEOUT_MAX
@@ -165,12 +166,14 @@ class Settings(BaseSettings):
     )
     sqs_keys: SecretStr | None = Field(
         None,
-        description="comma-separated ACCESS_KEY_ID:SECRET_ACCESS_KEY[:NAMESPACE] for the SQS "
-        "API (AWS Signature Version 4); a key acts in its namespace (default: the node's)",
+        description="comma-separated ACCESS_KEY_ID:SECRET_ACCESS_KEY[:NAMESPACE[:ROLE[:PREFIXES]]] "
+        "for the SQS API (AWS Signature Version 4); a key acts in its namespace (default: the "
+        "node's) with its role (default: admin) on queues starting with one of its "
+        "'+'-separated prefixes (default: every queue), as an API key does",
     )
     sqs_keys_file: Path | None = Field(
-        None, description="file with one ACCESS_KEY_ID:SECRET[:NAMESPACE] per line "
-        "(instead of sqs_keys)",
+        None, description="file with one ACCESS_KEY_ID:SECRET[:NAMESPACE[:ROLE[:PREFIXES]]] "
+        "per line (instead of sqs_keys)",
     )
     sqs_unsigned: bool = Field(
         False,
@@ -249,24 +252,30 @@ class Settings(BaseSettings):
         return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",")
                          if k.strip())
 
-    def sqs_credentials(self) -> dict[str, tuple[str, str]]:
-        """The SQS API's keys: access key id -> (secret, namespace)."""
+    def sqs_credentials(self) -> dict[str, tuple[str, str, str, tuple[str, ...]]]:
+        """The SQS API's keys: access key id -> (secret, namespace, role, queue
+        prefixes), from ``ACCESS_KEY_ID:SECRET[:NAMESPACE[:ROLE[:PREFIX+PREFIX...]]]``
+        (by default the node's namespace, admin, every queue)."""
         if self.sqs_keys is not None:
             lines = self.sqs_keys.get_secret_value().split(",")
         elif self.sqs_keys_file is not None:
             lines = self.sqs_keys_file.read_text().splitlines()
         else:
             return {}
-        keys: dict[str, tuple[str, str]] = {}
+        keys: dict[str, tuple[str, str, str, tuple[str, ...]]] = {}
         for n, line in enumerate(x.strip() for x in lines):
             if not line:
                 continue
             parts = line.split(":")
-            if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
-                raise ValueError(f"SQS key #{n + 1} is not ACCESS_KEY_ID:SECRET[:NAMESPACE]")
-            namespace = check_name(parts[2], "sqs_keys namespace") if len(parts) == 3 \
-                else self.namespace
-            keys[parts[0]] = (parts[1], namespace)
+            if not 2 <= len(parts) <= 5 or not parts[0] or not parts[1]:
+                raise ValueError(f"SQS key #{n + 1} is not "
+                                 "ACCESS_KEY_ID:SECRET[:NAMESPACE[:ROLE[:PREFIXES]]]")
+            namespace = check_name(parts[2], "sqs_keys namespace") if len(parts) > 2 \
+                and parts[2] else self.namespace
+            role = parts[3] if len(parts) > 3 and parts[3] else "admin"
+            prefixes = [p for p in parts[4].split("+") if p] if len(parts) > 4 else []
+            check_new_key(role, prefixes, "")
+            keys[parts[0]] = (parts[1], namespace, role, tuple(prefixes))
         return keys
 
     def engine_options(self) -> EngineOptions:

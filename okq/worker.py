@@ -31,101 +31,24 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar
 
 from okq.errors import InvalidRequest, LeaseLost, OkqError, TooLarge
 from okq.retrying import jittered, retryable
-from okq.wire import LeasedItemOut, leased_item_out, to_datetime
+from okq.wire import LeasedItemOut
+from okq.workerqueues import EngineQueues, Queues, QueueSettings
 
-if TYPE_CHECKING:
-    from okq.engine import Engine
-    from okq.model import QueueConfig
+__all__ = [
+    "DeadLetter",
+    "EngineQueues",
+    "Failed",
+    "Outputs",
+    "QueueSettings",
+    "Queues",
+    "Worker",
+]
 
 log = logging.getLogger("okq.worker")
-
-
-class QueueSettings(Protocol):
-    """A queue's settings, as far as a worker reads them."""
-
-    @property
-    def max_attempts(self) -> int: ...
-
-    @property
-    def lease_timeout(self) -> float: ...
-
-
-class Queues(Protocol):
-    """The calls a worker makes: ``Client`` over HTTP, ``EngineQueues`` in this process.
-
-    Errors are okq's own (``okq.errors``) either way: ``LeaseLost`` when a token's
-    delivery is over; ``okq.retrying.retryable`` ones (``Unavailable``,
-    ``Overloaded``, ``StorageError``, ...) when trying again later may help.
-    """
-
-    async def lease(self, queue: str, batch_size: int = 1, *,
-                    lease_timeout: float | None = None,
-                    request_timeout: float = 0.0) -> list[LeasedItemOut]:
-        """Lease up to ``batch_size`` items for ``lease_timeout`` seconds (the queue's
-        by default), waiting up to ``request_timeout`` seconds for some."""
-
-    async def renew(self, queue: str, token: str,
-                    lease_timeout: float | None = None) -> datetime:
-        """Extend a lease from now; returns its new deadline."""
-
-    async def complete(self, queue: str, tokens: Sequence[str]) -> int:
-        """Complete deliveries; returns how many."""
-
-    async def complete_and_produce(self, queue: str, token: str, out_queue: str,
-                                   items: Sequence[bytes]) -> list[str]:
-        """Complete one delivery and produce ``items`` to ``out_queue`` in one step."""
-
-    async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
-                    dead: bool = False, error: str | None = None,
-                    count_attempt: bool = True) -> None:
-        """Release a delivery: ready again at ``retry_at`` (now by default), or
-        dead-lettered; ``count_attempt=False`` gives it back without spending a try."""
-
-    async def queue_info(self, name: str) -> QueueSettings:
-        """The queue's settings."""
-
-
-class EngineQueues:
-    """An ``Engine`` in this process as ``Queues``: ``Worker(EngineQueues(engine), ...)``
-    is a worker in library mode. The engine's own checks apply (ranges, batch sizes,
-    its ``max_wait``); a node's admission limits do not."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def lease(self, queue: str, batch_size: int = 1, *,
-                    lease_timeout: float | None = None,
-                    request_timeout: float = 0.0) -> list[LeasedItemOut]:
-        items = await self.engine.lease(queue, batch_size, lease_timeout=lease_timeout,
-                                        wait=request_timeout)
-        return [leased_item_out(i) for i in items]
-
-    async def renew(self, queue: str, token: str,
-                    lease_timeout: float | None = None) -> datetime:
-        return to_datetime(await self.engine.renew(token, lease_timeout, queue=queue))
-
-    async def complete(self, queue: str, tokens: Sequence[str]) -> int:
-        await self.engine.complete(tokens, queue=queue)
-        return len(tokens)
-
-    async def complete_and_produce(self, queue: str, token: str, out_queue: str,
-                                   items: Sequence[bytes]) -> list[str]:
-        return await self.engine.complete_and_produce(token, out_queue, list(items),
-                                                      queue=queue)
-
-    async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
-                    dead: bool = False, error: str | None = None,
-                    count_attempt: bool = True) -> None:
-        at_ms = None if retry_at is None else int(retry_at.timestamp() * 1000)
-        await self.engine.retry(token, retry_at_ms=at_ms, dead=dead, error=error, queue=queue,
-                                count_attempt=count_attempt)
-
-    async def queue_info(self, name: str) -> QueueConfig:
-        return (await self.engine.get_queue(name)).config
 
 
 # -- what a handler returns or raises --------------------------------------------------

@@ -4,7 +4,8 @@
 its own module, imported in this order with no cycle:
 
 - ``okq.server.state``: typed ``web.AppKey`` state, the engine opened in a
-  cleanup context, the queue service (``okq.service``) the handlers call;
+  cleanup context, the namespaces' pipelines (``okq.pipeline``) the handlers
+  and the SQS API hand their operations to;
 - ``okq.server.middleware``: API keys, okq's exceptions as ``{code, message,
   details}`` bodies, request metrics;
 - ``okq.server.handlers``: one function per endpoint;
@@ -42,6 +43,6 @@ def create_app(settings: Settings, store: Store, *, clock: Any = None) -> web.Ap
     app.router.add_post(FORWARD_PATH, forward)
     app.router.add_get(PING_PATH, ping)
     if settings.sqs:  # last: okq's own routes win over SQS's /<namespace>/<queue>
-        sqs_http.install(app, settings, app[TENANTS].service)
+        sqs_http.install(app, settings, app[TENANTS].pipeline)
         app[METRICS].watch_sqs(app[sqs_http.SQS])
     return app

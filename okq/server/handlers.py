@@ -1,14 +1,16 @@
 """The node's endpoints, one function each: parse the body into its wire model,
-call the queue service, answer with the response model.
+turn it into an operation (``okq.ops``), run that through the pipeline of the
+request's namespace (``okq.pipeline``) and answer with the response model.
 
-Policy (admission, batch limits, the retry batch) is the service's
-(``okq.service``); what is left here is HTTP: a validation error as a 400 that
-names its field, the caller gone while its long poll waited, metrics.
+Policy (authorization, metering, admission, routing, the retry batch) is the
+pipeline's; what is left here is HTTP: a validation error as a 400 that names its
+field, and whether the caller's connection is still open.
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 from datetime import UTC, datetime
 from typing import Any, TypeVar, get_args
 
@@ -17,14 +19,15 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from okq import ops
 from okq import wire as s
-from okq.auth import StoredKey, describe
+from okq.auth import Principal, StoredKey, describe
 from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import Forbidden, InvalidRequest, OkqError
 from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
 from okq.model import QueueConfig
+from okq.ops import Context, Outputs, Retry
 from okq.publisher import NewItem
-from okq.routing import RoutedService
 from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
 from okq.server.health import store_kind
 from okq.server.middleware import public_details
@@ -35,16 +38,21 @@ from okq.server.state import (
     KEYRING,
     METRICS,
     NAMESPACE,
+    PIPELINE,
     PRINCIPAL,
     SEQUENCER,
-    SERVICE,
     SETTINGS,
     STORE,
     TENANTS,
 )
-from okq.service import Outputs, QueueService, Retry
+
+log = logging.getLogger("okq.server")
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+
+#: Who a forward acts as: the fleet signature stood for a key.
+FLEET = Principal("fleet", "admin", None)
 
 
 # -- parsing and conversions ----------------------------------------------------
@@ -150,13 +158,16 @@ def _new_items(items: list[s.ProduceItem], *, keys: bool = True) -> list[NewItem
 # -- who asks, and in which namespace ---------------------------------------------------
 
 
-async def service_for(request: web.Request, *queues: tuple[str, str]) -> QueueService:
-    """The service of the request's namespace, once its key may act on each of
-    ``queues`` (``(name, field)`` pairs): the middleware checked role and namespace."""
-    who = request[PRINCIPAL]
-    for name, field in queues:
-        who.check_queue(name, field)
-    return await request.app[TENANTS].service(request[NAMESPACE])
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def run(request: web.Request, op: ops.Op[R]) -> R:
+    """Run ``op`` through the pipeline of the request's namespace, as its key (the
+    middleware found who asks and where; the pipeline decides what they may do)."""
+    pipeline = await request.app[TENANTS].pipeline(request[NAMESPACE])
+    return await pipeline.handle(op, Context(request[PRINCIPAL], lambda: _client_gone(request)))
 
 
 # -- the lease API ---------------------------------------------------------------
@@ -170,23 +181,14 @@ async def produce(request: web.Request) -> web.Response:
     else:
         body = _validate(raw, s.ProduceRequest)
         queue, items = body.queue_name, _new_items(body.items)
-    ids = await (await service_for(request, (queue, "queue_name"))).produce(queue, items)
-    request.app[METRICS].batch.labels("produce").observe(len(items))
-    request.app[METRICS].items.labels("produced").inc(len(items))
+    ids = await run(request, ops.Produce(queue, items))
     return respond(request, s.ProduceResponse.model_construct(queue_name=queue, ids=ids))
 
 
 async def lease(request: web.Request) -> web.Response:
     body = await parse(request, s.LeaseRequest)
-    service = await service_for(request, (body.queue_name, "queue_name"))
-    items = await service.lease(body.queue_name, body.batch_size,
-                                lease_timeout=body.lease_timeout, wait=body.request_timeout,
-                                gone=lambda: _client_gone(request))
-    if items and _client_gone(request):
-        await service.give_back(body.queue_name, items)
-        items = []
-    request.app[METRICS].batch.labels("lease").observe(len(items))
-    request.app[METRICS].items.labels("leased").inc(len(items))
+    items = await run(request, ops.Lease(body.queue_name, body.batch_size, body.lease_timeout,
+                                         body.request_timeout))
     if wants_msgpack(request):  # the hot path: no model per item
         return respond_plain(request, {"queue_name": body.queue_name,
                                        "items": [s.leased_item_plain(i) for i in items]})
@@ -194,15 +196,9 @@ async def lease(request: web.Request) -> web.Response:
                                             items=[s.leased_item_out(i) for i in items]))
 
 
-def _client_gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
-
-
 async def renew(request: web.Request) -> web.Response:
     body = await parse(request, s.RenewRequest)
-    service = await service_for(request, (body.queue_name, "queue_name"))
-    deadline = await service.renew(body.queue_name, body.token, body.lease_timeout)
+    deadline = await run(request, ops.Renew(body.queue_name, body.token, body.lease_timeout))
     return respond(request, s.RenewResponse(queue_name=body.queue_name,
                                             lease_deadline=dt(deadline)))
 
@@ -219,14 +215,7 @@ async def complete(request: web.Request) -> web.Response:
         if body.outputs is not None:
             outputs = Outputs(body.outputs.queue_name,
                               _new_items(body.outputs.items, keys=False))
-    checked = [(queue, "queue_name")]
-    if outputs is not None:
-        checked.append((outputs.queue, "outputs.queue_name"))
-    output_ids = await (await service_for(request, *checked)).complete(queue, tokens, outputs)
-    if outputs is not None:
-        request.app[METRICS].items.labels("produced").inc(len(outputs.items))
-    request.app[METRICS].batch.labels("complete").observe(len(tokens))
-    request.app[METRICS].items.labels("completed").inc(len(tokens))
+    output_ids = await run(request, ops.Complete(queue, tokens, outputs))
     return respond(request, s.CompleteResponse.model_construct(
         queue_name=queue, completed=len(tokens), output_ids=output_ids))
 
@@ -235,9 +224,7 @@ async def retry(request: web.Request) -> web.Response:
     body = await parse(request, s.RetryRequest)
     retries = [Retry(i.token, retry_at_ms=ms(i.retry_at), dead=i.dead, error=i.error,
                      count_attempt=i.count_attempt) for i in body.items]
-    service = await service_for(request, (body.queue_name, "queue_name"))
-    outcome = await service.retry(body.queue_name, retries)
-    request.app[METRICS].items.labels("retried").inc(outcome.retried)
+    outcome = await run(request, ops.RetryItems(body.queue_name, retries))
     outcome.raise_if_failed()
     return respond(request, s.RetryResponse(queue_name=body.queue_name, retried=outcome.retried))
 
@@ -247,8 +234,7 @@ async def retry(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueRequest)
-    st = await (await service_for(request, (body.queue_name, "queue_name"))).stats(
-        body.queue_name)
+    st = await run(request, ops.Stats(body.queue_name))
     if request[NAMESPACE] == request.app[SETTINGS].namespace:  # the gauges name no namespace
         request.app[METRICS].queue_stats[body.queue_name] = st
     return respond(request, s.StatsResponse(
@@ -262,7 +248,7 @@ async def stats(request: web.Request) -> web.Response:
 
 async def purge(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueRequest)
-    await (await service_for(request, (body.queue_name, "queue_name"))).purge(body.queue_name)
+    await run(request, ops.Purge(body.queue_name))
     return respond(request, s.PurgeResponse(queue_name=body.queue_name))
 
 
@@ -271,67 +257,52 @@ def _config(body: s.QueueSettings) -> dict[str, Any]:
     return body.model_dump(exclude_unset=True, exclude_none=True, exclude={"name"})
 
 
-def _named(body: s.QueueCreate | s.QueueUpdate) -> list[tuple[str, str]]:
-    """The queues a create or update names: itself and its dead-letter queue."""
-    out = [(body.name, "name")]
-    if body.dead_queue:
-        out.append((body.dead_queue, "dead_queue"))
-    return out
-
-
 async def queues_create(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueCreate)
     try:
         config = QueueConfig.model_validate(_config(body))
     except ValidationError as exc:
         raise invalid(exc, s.QueueCreate) from None
-    service = await service_for(request, *_named(body))
-    info = await service.create_queue(body.name, config)
+    info = await run(request, ops.CreateQueue(body.name, config))
     return respond(request, _info(info), 201)
 
 
 async def queues_list(request: web.Request) -> web.Response:
     await parse(request, s.QueuesListRequest)
-    infos = [i for i in await (await service_for(request)).queues()
-             if request[PRINCIPAL].covers(i.name)]
+    infos = await run(request, ops.QueueInfos())
     return respond(request, s.QueuesListResponse(queues=[_info(i) for i in infos]))
 
 
 async def queues_info(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueNameRequest)
-    service = await service_for(request, (body.name, "name"))
-    return respond(request, _info(await service.queue(body.name)))
+    return respond(request, _info(await run(request, ops.GetQueue(body.name))))
 
 
 async def queues_update(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueUpdate)
-    service = await service_for(request, *_named(body))
     changes = _config(body)
     if body.dead_queue == "":  # cleared: no dead-letter queue
         changes["dead_queue"] = None
-    info = await service.update_queue(body.name, **changes)
+    info = await run(request, ops.UpdateQueue(body.name, changes))
     return respond(request, _info(info))
 
 
 async def queues_delete(request: web.Request) -> web.Response:
     body = await parse(request, s.QueueNameRequest)
-    await (await service_for(request, (body.name, "name"))).delete_queue(body.name)
+    await run(request, ops.DeleteQueue(body.name))
     return respond(request, s.DeleteResponse(name=body.name))
 
 
 async def items_list(request: web.Request) -> web.Response:
     body = await parse(request, s.ItemsListRequest)
-    service = await service_for(request, (body.queue_name, "queue_name"))
-    items, after = await service.browse(
-        body.queue_name, start_after=body.start_after, limit=body.limit)
+    items, after = await run(request, ops.Browse(body.queue_name, body.start_after, body.limit))
     return respond(request, s.ItemsListResponse(
         queue_name=body.queue_name, items=[_item(i) for i in items], next_start_after=after))
 
 
 async def dead_redrive(request: web.Request) -> web.Response:
     body = await parse(request, s.RedriveRequest)
-    service = await service_for(request, (body.queue_name, "queue_name"))
-    moved = await service.redrive(body.queue_name, body.limit)
+    moved = await run(request, ops.Redrive(body.queue_name, body.limit))
     return respond(request, s.RedriveResponse(queue_name=body.queue_name, moved=moved))
 
 
@@ -398,41 +369,46 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def forward(request: web.Request) -> web.Response:
-    """A state change another node of the fleet sent to this one (sequencer mode).
+    """An operation another node of the fleet sent to this one (sequencer mode).
 
     Signed with the fleet's signing key; msgpack both ways. It must name this node
     and its namespace (421 otherwise: the sender's holder is gone from this address)
     and carry a sequence number its sender has not used (401 otherwise: a replay).
-    The reply carries the result (``ok``) or the okq error (``err``), whether this
-    node holds the queue's role (``held``) and for how many seconds it vouches for
-    it (``for``) and which renewal of it (``nonce``), so a sender with an old view
-    looks again."""
-    service, sequencer = request.app[SERVICE], request.app[SEQUENCER]
+    The operation runs through this node's pipeline from admit down. The reply
+    carries the result in the operation's wire form (``ok``) or the okq error
+    (``err``), whether this node holds the queue's role (``held``) and for how many
+    seconds it vouches for it (``for``) and which renewal of it (``nonce``), so a
+    sender with an old view looks again."""
+    sequencer = request.app[SEQUENCER]
     body = await read_bytes(request)
-    if not isinstance(service, RoutedService) or sequencer is None:
+    if sequencer is None:
         raise web.HTTPNotFound()
     verify(request.app[FLEET_KEYS], body, request.headers.get(SIGNATURE_HEADER, ""))
     try:
         call = msgpack.unpackb(body)
-        op, queue, args = str(call["op"]), str(call["q"]), dict(call["a"])
-    except (ValueError, KeyError, TypeError, msgpack.ExtraData) as exc:
+        version = call.get("v")
+    except (ValueError, AttributeError, TypeError, msgpack.ExtraData) as exc:
         raise InvalidRequest(f"malformed forward: {exc}", field="body") from None
-    if call.get("v") != FORWARD_VERSION:
-        raise web.HTTPConflict(reason=f"forward version {call.get('v')!r} unknown here")
+    if version != FORWARD_VERSION:
+        raise web.HTTPConflict(reason=f"forward version {version!r} unknown here")
     try:
         sequencer.accept(call)
     except Misdirected as exc:
         raise web.HTTPMisdirectedRequest(reason=str(exc)) from None
     sequencer.heard_from(str(call.get("from", "")), str(call.get("url", "")))
+    op = ops.from_wire(call.get("op"))
+    ctx = Context(FLEET, lambda: _client_gone(request), forwarded=True,
+                  rid=str(call.get("rid", "")))
     reply: dict[str, Any] = {}
     try:
-        reply["ok"] = await service.run_forwarded(op, queue, args,
-                                                  lambda: _client_gone(request))
+        reply["ok"] = op.pack_result(await request.app[PIPELINE].forwarded(op, ctx))
     except OkqError as exc:
+        if exc.status >= 500:
+            log.warning("forwarded %s %s from %s: %s", op.name, ctx.rid, call.get("from"), exc)
         reply["err"] = {"code": exc.code, "message": exc.message,
                         "details": public_details(exc)}
-    reply["held"] = sequencer.holds(queue)
-    reply["for"], reply["nonce"] = sequencer.vouch(queue)
+    reply["held"] = sequencer.holds(op.queue)
+    reply["for"], reply["nonce"] = sequencer.vouch(op.queue)
     return web.Response(body=msgpack.packb(reply, default=_plain),
                         content_type="application/msgpack")
 

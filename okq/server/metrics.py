@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -145,9 +145,9 @@ class DepthGauges:
     one stats call each (docs/OPERATIONS.md, "What to watch", states the cost).
     Nobody scraping: nothing refreshed, nothing spent."""
 
-    def __init__(self, service: QueueService, metrics: Metrics, interval: float,
-                 max_queues: int) -> None:
-        self.service, self.metrics = service, metrics
+    def __init__(self, service: QueueService, served: Callable[[], list[str]],
+                 metrics: Metrics, interval: float, max_queues: int) -> None:
+        self.service, self.served, self.metrics = service, served, metrics
         self.interval, self.max_queues = interval, max_queues
         self.refreshed: float | None = None  # monotonic time of the last refresh
         self._task: asyncio.Task[None] | None = None
@@ -171,7 +171,7 @@ class DepthGauges:
         self._task = None
 
     def queues(self) -> list[str]:
-        known = set(self.service.engine.runtime.queues) | set(self.metrics.queue_stats)
+        known = set(self.served()) | set(self.metrics.queue_stats)
         return sorted(known)[: self.max_queues]
 
     async def _refresh_all(self) -> None:

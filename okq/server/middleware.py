@@ -51,8 +51,10 @@ NAMESPACE_HEADER = "X-Okq-Namespace"
 
 
 async def _authenticate(request: web.Request) -> None:
-    """Who a /v1 request acts as and in which namespace, once its key allows the
-    operation there (401 without a valid key where one is needed, 403 beyond it)."""
+    """Who a /v1 request acts as and in which namespace (401 without a valid key where
+    one is needed, 403 in another namespace). A role that may not call the endpoint
+    is refused here too, before its body is read; the pipeline's authorize layer
+    (``okq.pipeline``) checks the role and the queue prefixes of every operation."""
     if not request.path.startswith("/v1/") or request.match_info.http_exception is not None:
         return
     ring, settings = request.app[KEYRING], request.app[SETTINGS]

@@ -1,7 +1,7 @@
 """A node's state: typed ``web.AppKey`` entries, and the engine's life.
 
-``install`` opens what a node holds (the counting store, the engine, the queue
-service, the metrics) and ties the engine to the app: started in a cleanup
+``install`` opens what a node holds (the counting store, the engine, its
+pipeline, the metrics) and ties the engine to the app: started in a cleanup
 context, long polls let go at shutdown, pending produce batches flushed and the
 store closed at cleanup. Handlers and the middleware read these keys; nothing
 here knows the routes.
@@ -18,17 +18,20 @@ from aiohttp import web
 
 from okq.auth import KeyRing, Principal
 from okq.engine import Engine
-from okq.routing import RoutedService
+from okq.pipeline import Meters, Pipeline, build
 from okq.sequencer import Sequencer
 from okq.server.health import Health, StoreWatch
 from okq.server.metrics import DepthGauges, Metrics
-from okq.server.tenants import Tenants
-from okq.service import Admission, QueueService
+from okq.server.tenants import Tenants, admission
+from okq.service import QueueService
 from okq.settings import Settings
 from okq.store import CountingStore, Store
 from okq.tokens import TokenSigner
 
 ENGINE = web.AppKey("engine", Engine)
+#: The node's own namespace's pipeline (a forward enters it), and a service over it
+#: for the node's own work (the depth gauges).
+PIPELINE = web.AppKey("pipeline", Pipeline)
 SERVICE = web.AppKey("service", QueueService)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -58,25 +61,25 @@ def install(app: web.Application, settings: Settings, store: Store, *,
     app[SETTINGS] = settings
     app[STORE] = counting
     app[ENGINE] = engine
-    admission = Admission.from_settings(settings)
     sequencer = None
     if settings.sequencer:
         sequencer = Sequencer(watched, settings.namespace, keys,
                               shards=settings.sequencer_shards, role_ttl=settings.role_ttl,
                               url=settings.advertise_url)
-        app[SERVICE] = RoutedService(engine, sequencer, admission)
-    else:
-        app[SERVICE] = QueueService(engine, admission)
     app[SEQUENCER] = sequencer
     app[FLEET_KEYS] = keys
-    app[METRICS] = Metrics()
+    app[METRICS] = metrics = Metrics()
+    meters = Meters(metrics.items, metrics.batch)
+    app[PIPELINE] = pipeline = build(engine, admission(settings), meters=meters,
+                                     sequencer=sequencer)
+    app[SERVICE] = QueueService.over(pipeline)
     app[HEALTH] = Health(watched, settings.namespace)
     app[KEYRING] = KeyRing(watched, settings.api_key_set(), required=settings.require_api_keys,
                            ttl=settings.api_key_cache)
-    app[TENANTS] = Tenants(settings, watched, keys, app[SERVICE], clock=clock)
+    app[TENANTS] = Tenants(settings, watched, keys, pipeline, meters, clock=clock)
     app[METRICS].watch(engine, counting, sequencer)
-    app[DEPTH] = DepthGauges(app[SERVICE], app[METRICS], settings.depth_interval,
-                             settings.depth_max_queues)
+    app[DEPTH] = DepthGauges(app[SERVICE], engine.queues_served, app[METRICS],
+                             settings.depth_interval, settings.depth_max_queues)
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_stop_waiting)
 

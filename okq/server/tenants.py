@@ -13,9 +13,10 @@ import asyncio
 import logging
 from typing import Any
 
+from okq.admit import Admission
 from okq.engine import Engine
 from okq.errors import Forbidden, Overloaded
-from okq.service import Admission, QueueService
+from okq.pipeline import Meters, Pipeline, build
 from okq.settings import Settings
 from okq.store import Store
 from okq.tokens import TokenSigner
@@ -23,22 +24,30 @@ from okq.tokens import TokenSigner
 log = logging.getLogger("okq.server")
 
 
+def admission(settings: Settings) -> Admission:
+    """A node's admission limits (its ``--max-waiting``, ``--max-pending-produce``)."""
+    return Admission(max_waiting=settings.max_waiting,
+                     max_pending_produce=settings.max_pending_produce)
+
+
 class Tenants:
-    """Queue services by namespace; the node's own is ``default``."""
+    """Pipelines by namespace; the node's own is ``default``."""
 
     def __init__(self, settings: Settings, store: Store, keys: list[bytes],
-                 default: QueueService, *, clock: Any = None) -> None:
+                 default: Pipeline, meters: Meters, *, clock: Any = None) -> None:
         self.settings = settings
         self.store = store
         self.keys = keys
         self.clock = clock
         self.namespace = settings.namespace
         self.default = default
-        self._services: dict[str, QueueService] = {}
+        self.meters = meters
+        self._engines: dict[str, Engine] = {}
+        self._services: dict[str, Pipeline] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
-    async def service(self, namespace: str) -> QueueService:
-        """The service of ``namespace``, opened on first use."""
+    async def pipeline(self, namespace: str) -> Pipeline:
+        """The pipeline of ``namespace``, opened on first use."""
         if namespace == self.namespace:
             return self.default
         found = self._services.get(namespace)
@@ -57,8 +66,9 @@ class Tenants:
                 engine = Engine(self.store, TokenSigner(self.keys), namespace=namespace,
                                 clock=self.clock, options=self.settings.engine_options())
                 await engine.start(self_check=False)  # the node's store passed at start
-                self._services[namespace] = QueueService(
-                    engine, Admission.from_settings(self.settings))
+                self._engines[namespace] = engine
+                self._services[namespace] = build(engine, admission(self.settings),
+                                                  meters=self.meters)
                 log.info("serving namespace %r too", namespace)
         return self._services[namespace]
 
@@ -66,11 +76,12 @@ class Tenants:
         return [self.namespace, *self._services]
 
     def stop_waiting(self) -> None:
-        for service in self._services.values():
-            service.engine.stop_waiting()
+        for engine in self._engines.values():
+            engine.stop_waiting()
 
     async def close(self) -> None:
         """Close the engines opened for other namespaces (flushing their batches)."""
-        for service in self._services.values():
-            await service.engine.close()
+        for engine in self._engines.values():
+            await engine.close()
         self._services.clear()
+        self._engines.clear()

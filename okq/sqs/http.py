@@ -10,6 +10,7 @@ otherwise. The handler reads the body, verifies the signature
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import uuid
@@ -19,12 +20,15 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
+from okq.auth import Principal
 from okq.errors import OkqError
+from okq.ops import Context
+from okq.pipeline import Pipeline
 from okq.service import QueueService
 from okq.settings import Settings
 from okq.sqs import messages as msg
 from okq.sqs import protocol as proto
-from okq.sqs.actions import Call, SqsApi
+from okq.sqs.actions import Call, SqsApi, as_sqs
 from okq.sqs.auth import PRESIGN_PARAMS, Caller, Signed, verify
 from okq.sqs.errors import SqsError
 from okq.sqs.queues import Names
@@ -40,16 +44,20 @@ PATHS = ("/", r"/{namespace:(?!(?:v[0-9]+|internal)/)[^/]+}/{queue}")
 
 
 class SqsFrontEnd:
-    """The SQS API of one node: its keys, how it names queues, its service."""
+    """The SQS API of one node: its keys, how it names queues, its pipelines."""
 
     def __init__(self, settings: Settings,
-                 services: Callable[[str], Awaitable[QueueService]]) -> None:
-        self.keys = settings.sqs_credentials()
+                 pipelines: Callable[[str], Awaitable[Pipeline]]) -> None:
+        credentials = settings.sqs_credentials()
+        self.keys = {k: (secret, ns) for k, (secret, ns, _, _) in credentials.items()}
+        #: who each key is: a role and queue prefixes in its namespace, as an API key
+        self.principals = {k: Principal(k, role, ns, prefixes)
+                           for k, (_, ns, role, prefixes) in credentials.items()}
         self.namespace = settings.namespace
         self.unsigned_namespace = settings.namespace if settings.sqs_unsigned else None
         self.region = settings.sqs_region
         self.base_url = settings.sqs_url.rstrip("/") if settings.sqs_url else None
-        self.services = services  # a namespace's queue service (the node's tenants)
+        self.pipelines = pipelines  # a namespace's pipeline (the node's tenants)
         self.read_timeout = settings.request_read_timeout
         self.api = SqsApi(settings.max_item_bytes)
         self.stale_deletes = 0
@@ -66,11 +74,20 @@ class SqsFrontEnd:
                              request.query_string, request.headers, body),
                       self.keys, unsigned_namespace=self.unsigned_namespace)
 
-    async def service(self, caller: Caller) -> QueueService:
-        """The queue service of the caller's namespace (a node in sequencer mode serves
-        its own only: a key of another is refused as SQS refuses an unknown account)."""
+    def principal(self, caller: Caller) -> Principal:
+        """Who the caller is (unsigned, with --sqs-unsigned: admin in its namespace)."""
+        if caller.access_key is None:
+            return Principal("(unsigned)", "admin", caller.namespace)
+        return self.principals[caller.access_key]
+
+    async def service(self, caller: Caller, gone: Callable[[], bool],
+                      rid: str = "") -> QueueService:
+        """The caller's queue service: its namespace's pipeline, as its key (a node in
+        sequencer mode serves its own namespace only: a key of another is refused as
+        SQS refuses an unknown account)."""
         try:
-            return await self.services(caller.namespace)
+            pipeline = await self.pipelines(caller.namespace)
+            return QueueService.over(pipeline, Context(self.principal(caller), gone, rid=rid))
         except OkqError as exc:
             raise SqsError("InvalidClientTokenId", f"this access key acts in namespace "
                            f"{caller.namespace!r}, which this node cannot serve: "
@@ -91,10 +108,10 @@ SQS = web.AppKey("sqs", SqsFrontEnd)
 
 
 def install(app: web.Application, settings: Settings,
-            services: Callable[[str], Awaitable[QueueService]]) -> None:
-    """Serve the SQS API in ``app`` (after okq's own routes); ``services`` gives the
-    queue service of a namespace."""
-    front = SqsFrontEnd(settings, services)
+            pipelines: Callable[[str], Awaitable[Pipeline]]) -> None:
+    """Serve the SQS API in ``app`` (after okq's own routes); ``pipelines`` gives the
+    pipeline of a namespace."""
+    front = SqsFrontEnd(settings, pipelines)
     app[SQS] = front
     for path in PATHS:
         app.router.add_route("POST", path, handle)
@@ -116,12 +133,14 @@ async def handle(request: web.Request) -> web.StreamResponse:
         caller = front.caller(request, body)
         action, params = _parse(request, body, json_protocol)
         handler = front.api.action(action)
-        call = Call(await front.service(caller), front.names(request, caller.namespace),
+        call = Call(await front.service(caller, functools.partial(_client_gone, request),
+                                        request_id),
+                    front.names(request, caller.namespace),
                     caller.access_key,
-                    gone=lambda: request.transport is None or request.transport.is_closing(),
                     trace=msg.trace_header(request.headers.get("X-Amzn-Trace-Id")))
         result = await handler(call, params)
-    except SqsError as err:
+    except (SqsError, OkqError) as exc:
+        err = exc if isinstance(exc, SqsError) else as_sqs(exc)
         front.count(action, err.code)
         return _error(err, json_protocol, request_id)
     except asyncio.CancelledError:
@@ -141,6 +160,10 @@ async def handle(request: web.Request) -> web.StreamResponse:
                             content_type=proto.JSON_CONTENT_TYPE)
     return web.Response(body=proto.xml_reply(action, result, request_id), headers=headers,
                         content_type="text/xml")
+
+
+def _client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
 
 
 async def _body(request: web.Request) -> bytes:

@@ -72,7 +72,7 @@ class Moves:
         while True:
             await asyncio.sleep(self.sweep_s)
             try:
-                for task in await service.move_tasks.active():
+                for task in await service.active_move_tasks():
                     await self.resume(namespace, service, task)
             except OkqError as exc:
                 log.info("move tasks of namespace %r: sweep failed: %s", namespace, exc.message)
@@ -91,9 +91,8 @@ class Moves:
         if task.beat_ms > service.now_ms():
             return
         try:
-            claimed = await service.move_tasks.update(
-                task.dead, task.seq, claim(self.owner, self.ttl_ms, self.hold_ms(service.now_ms())),
-                service.now_ms)
+            claimed = await service.update_move_task(
+                task.dead, task.seq, claim(self.owner, self.ttl_ms, self.hold_ms(service.now_ms())))
         except (TaskLost, ObjectNotFound):
             return  # another node was quicker, or the task ended
         log.info("resuming move task %s/%d of namespace %r", task.dead, task.seq, namespace)
@@ -122,8 +121,7 @@ class Runner:
         self.wait_until_ms = wait_until_ms  # a previous runner's leases may last so long
 
     async def _update(self, change: Callable[[MoveTask, int], MoveTask]) -> MoveTask:
-        return await self.service.move_tasks.update(
-            self.task.dead, self.task.seq, change, self.service.now_ms)
+        return await self.service.update_move_task(self.task.dead, self.task.seq, change)
 
     async def run(self) -> None:
         owner, ttl = self.moves.owner, self.moves.ttl_ms

@@ -40,6 +40,8 @@ import msgpack
 import pytest
 
 from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, sign
+from okq.ops import Produce, to_wire
+from okq.publisher import NewItem
 from okq.server.routes import ROUTES
 from tests.nodes import KEYS, Node, okq_node
 
@@ -617,10 +619,9 @@ def test_the_cli_makes_keys_in_the_namespace_it_names(served: Served) -> None:
 
 def _forward_body(url: str, to: str = "") -> bytes:
     """A well-formed forward: produce one item to ``fwd``, meant for node ``to``."""
+    op = to_wire(Produce("fwd", [NewItem(b"forwarded")]))
     body: bytes = msgpack.packb({"v": FORWARD_VERSION, "ns": "default", "to": to, "seq": 1,
-                                 "op": "produce", "q": "fwd",
-                                 "a": {"items": [[b"forwarded", None, None, None]]},
-                                 "from": "test", "url": url})
+                                 "op": op, "rid": "test-1", "from": "test", "url": url})
     return body
 
 

@@ -1,5 +1,6 @@
 """A node's operations, in process: what /health costs and tells, the depth
-gauges, queue updates over HTTP, long-poll admission when callers go away."""
+gauges, queue updates over HTTP, long-poll admission when callers go away, and
+the SQS API metered and authorized by the same pipeline as the native API."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from botocore.exceptions import ClientError
 
+from okq.errors import InvalidRequest
 from okq.server.app import create_app
 from okq.server.health import Health, StoreWatch
-from okq.server.state import HEALTH, SERVICE
+from okq.server.state import HEALTH, METRICS, SERVICE
 from okq.settings import Settings
 from okq.store import CountingStore, FaultyStore, MemoryStore, Store
+from tests.sqs_support import sqs_client
 
 KEY = "node-ops-test-key-0123456789"
 
@@ -25,7 +29,7 @@ class Node:
     not cancelled when its client goes away), and a client session to it."""
 
     def __init__(self, app: web.Application, runner: web.AppRunner, url: str) -> None:
-        self.app, self.runner = app, runner
+        self.app, self.runner, self.url = app, runner, url
         self.session = aiohttp.ClientSession(base_url=url)
 
     def get(self, path: str) -> Any:
@@ -249,3 +253,69 @@ async def test_depth_gauges_follow_the_queue_without_stats_calls(start_node: Sta
     await call(client, "queues.delete", {"name": "q"})
     await asyncio.sleep(0.25)
     assert _depth(await scrape(), "q", "available") is None  # a deleted queue's gauge goes
+
+
+# -- one pipeline: SQS metered and authorized as the native API is ---------------------------
+
+SQS_AKID, SQS_SECRET = "AKIDPIPELINE", "pipeline-test-secret-0123456789"
+READER, READER_SECRET = "AKIDREADER", "pipeline-reader-secret-0123456789"
+ORDERS, ORDERS_SECRET = "AKIDORDERS", "pipeline-orders-secret-0123456789"
+
+
+def items_total(node: Node, operation: str) -> float:
+    value = node.app[METRICS].registry.get_sample_value("okq_items_total",
+                                                        {"operation": operation})
+    return value or 0.0
+
+
+async def test_sqs_items_are_counted_in_okq_items_total_as_native_ones(
+        start_node: Start) -> None:
+    """Sends, receives, deletes and releases through the SQS API count in
+    okq_items_total once each, beside the native API's (before: SQS counted none)."""
+    node = await start_node(MemoryStore(), sqs_keys=f"{SQS_AKID}:{SQS_SECRET}")
+    sqs = sqs_client(node.url, access_key=SQS_AKID, secret=SQS_SECRET)
+    url = (await asyncio.to_thread(sqs.create_queue, QueueName="jobs"))["QueueUrl"]
+    await asyncio.to_thread(sqs.send_message_batch, QueueUrl=url, Entries=[
+        {"Id": str(n), "MessageBody": f"m{n}"} for n in range(3)])
+    await asyncio.to_thread(sqs.send_message, QueueUrl=url, MessageBody="m3")
+    got = (await asyncio.to_thread(sqs.receive_message, QueueUrl=url,
+                                   MaxNumberOfMessages=10))["Messages"]
+    assert len(got) == 4
+    await asyncio.to_thread(sqs.delete_message_batch, QueueUrl=url, Entries=[
+        {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(got[:3])])
+    await asyncio.to_thread(sqs.change_message_visibility, QueueUrl=url,
+                            ReceiptHandle=got[3]["ReceiptHandle"], VisibilityTimeout=0)
+    await call(node, "queue.produce", {"queue_name": "jobs", "items": [{"utf8": "n"}] * 2})
+    counted = {op: items_total(node, op) for op in ("produced", "leased", "completed", "retried")}
+    assert counted == {"produced": 6, "leased": 4, "completed": 3, "retried": 1}
+
+
+async def test_an_sqs_key_acts_with_its_role_and_prefixes(start_node: Start) -> None:
+    """SQS keys are principals as API keys are: a read-only key reads but may not
+    send; a key limited to ``orders-`` acts on those queues only, and lists them only."""
+    keys = (f"{SQS_AKID}:{SQS_SECRET},{READER}:{READER_SECRET}:default:read-only,"
+            f"{ORDERS}:{ORDERS_SECRET}::producer:orders-")
+    node = await start_node(MemoryStore(), sqs_keys=keys)
+    admin = sqs_client(node.url, access_key=SQS_AKID, secret=SQS_SECRET)
+    reader = sqs_client(node.url, access_key=READER, secret=READER_SECRET)
+    orders = sqs_client(node.url, access_key=ORDERS, secret=ORDERS_SECRET)
+    jobs = (await asyncio.to_thread(admin.create_queue, QueueName="jobs"))["QueueUrl"]
+    mine = (await asyncio.to_thread(admin.create_queue, QueueName="orders-1"))["QueueUrl"]
+    attributes = await asyncio.to_thread(reader.get_queue_attributes, QueueUrl=jobs,
+                                         AttributeNames=["ApproximateNumberOfMessages"])
+    assert attributes["Attributes"]["ApproximateNumberOfMessages"] == "0"
+    for client, url in ((reader, jobs), (orders, jobs)):
+        with pytest.raises(ClientError) as refused:
+            await asyncio.to_thread(client.send_message, QueueUrl=url, MessageBody="x")
+        assert refused.value.response["Error"]["Code"] == "AccessDenied"
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    await asyncio.to_thread(orders.send_message, QueueUrl=mine, MessageBody="x")
+    listed = await asyncio.to_thread(orders.list_queues)
+    assert listed["QueueUrls"] == [mine]
+    assert (await call(node, "queue.stats", {"queue_name": "jobs"}))["available"] == 0
+    assert (await call(node, "queue.stats", {"queue_name": "orders-1"}))["available"] == 1
+
+
+def test_sqs_keys_name_a_known_role() -> None:
+    with pytest.raises(InvalidRequest, match="role must be one of"):
+        Settings(store="memory://", sqs_keys="AKID:secret:default:owner").sqs_credentials()

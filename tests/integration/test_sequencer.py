@@ -39,10 +39,10 @@ from okq.fleetwire import (
     sign,
     verify,
 )
-from okq.routing import RoutedService
+from okq.routing import Route
 from okq.sequencer import RoleRecord, Sequencer, role_key, shard_of
 from okq.server.app import create_app
-from okq.server.state import SEQUENCER, SERVICE, STORE, advertise
+from okq.server.state import ENGINE, PIPELINE, SEQUENCER, SERVICE, STORE, advertise
 from okq.settings import Settings
 from okq.store import CountingStore, MemoryStore, Store
 from okq.store.faulty import FaultyStore
@@ -157,6 +157,30 @@ async def test_errors_keep_their_kind_across_a_forward(start_node: Start) -> Non
             await ca.produce("nope", [b"x"])
         with pytest.raises(InvalidToken):
             await ca.complete("jobs", [item.token[:-4] + "AAAA"])
+
+
+async def test_a_forwarded_complete_verifies_each_token_once(
+        start_node: Start, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sender carries the operation whole; the holder verifies each token once
+    (before: once on the sender and twice on the holder)."""
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("jobs")
+        await ca.produce("jobs", [b"x", b"y"])  # a holds the role
+        items = await cb.lease("jobs", 2)
+        verified: list[str] = []
+        for node in (a, b):
+            signer = node.app[ENGINE].signer
+            real = signer.verify
+
+            def counting(token: str, *args: Any, _real: Any = real, **kw: Any) -> Any:
+                verified.append(token)
+                return _real(token, *args, **kw)
+
+            monkeypatch.setattr(signer, "verify", counting)
+        await cb.complete("jobs", [i.token for i in items])
+        assert sorted(verified) == sorted(i.token for i in items)
+        assert b.seq.forwards["ok"] >= 2
 
 
 async def test_a_dead_holders_role_is_claimed_and_writes_resume(start_node: Start) -> None:
@@ -282,7 +306,7 @@ async def test_forwards_must_be_signed_by_the_fleet(start_node: Start) -> None:
         for headers in ({}, {SIGNATURE_HEADER: sign(b"another-fleet-key-000000", body)}):
             async with http.post(a.url + FORWARD_PATH, data=body, headers=headers) as resp:
                 assert resp.status == 401, await resp.text()
-    assert isinstance(a.app[SERVICE], RoutedService)
+    assert isinstance(a.app[PIPELINE].admit.inner, Route)  # the node runs in sequencer mode
 
 
 def test_signatures_accept_any_fleet_key_and_refuse_old_ones() -> None:

@@ -10,6 +10,7 @@ import pytest
 from okq import Engine, ManualClock, NewItem
 from okq.errors import InvalidRequest, LeaseLost, Overloaded, TooLarge
 from okq.service import Admission, Outputs, QueueService, Retry
+from okq.settings import Settings
 from okq.store import Store
 from tests.engines import make_engine
 
@@ -26,6 +27,9 @@ async def service_on(engine: Engine, **admission: int) -> QueueService:
 
 async def test_admission_defaults_are_the_nodes() -> None:
     assert Admission() == Admission(max_waiting=100, max_pending_produce=50_000)
+    defaults = Settings.model_fields
+    assert Admission() == Admission(defaults["max_waiting"].default,
+                                    defaults["max_pending_produce"].default)
 
 
 async def test_produce_is_shed_while_too_many_wait(

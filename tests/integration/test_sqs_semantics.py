@@ -322,11 +322,11 @@ async def test_a_node_sweeping_its_namespace_resumes_a_stopped_task(
         clock.advance(75)
 
         async def completed() -> bool:  # read from the bucket: a listing would resume it
-            (task, *_) = await a.service.move_tasks.of_queue("dlq")
+            (task, *_) = await a.service.move_tasks_of("dlq")
             return task.status == "COMPLETED"
 
         await until(completed)
-        (task, *_) = await a.service.move_tasks.of_queue("dlq")
+        (task, *_) = await a.service.move_tasks_of("dlq")
         assert task.owner == b.api.moves.owner
         assert await a.stats_of("src") == 2 and await a.stats_of("dlq") == 0
     finally:
