@@ -48,6 +48,7 @@ from okq.errors import (
     TaskLost,
     TooLarge,
 )
+from okq.leases import left_queue
 from okq.model import MoveTask, QueueConfig, dead_letter_source, item_origin
 from okq.movetasks import ACTIVE, cancel
 from okq.publisher import NewItem
@@ -58,7 +59,6 @@ from okq.sqs import queues as qa
 from okq.sqs.errors import SqsError, invalid, invalid_value, missing, no_queue
 from okq.sqs.moves import Moves
 from okq.sqs.queues import SQS_NAME, Names
-from okq.transitions import left_queue
 
 MAX_BATCH = 10
 #: The longest a message stays invisible in all, counted from its first receive.

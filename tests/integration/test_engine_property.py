@@ -104,16 +104,8 @@ from okq import clock as okq_clock
 from okq.clock import Clock, OffsetClock
 from okq.errors import LeaseLost, ObjectNotFound
 from okq.keys import lease_key, manifest_key, segment_created_ms
-from okq.model import (
-    DEAD,
-    DEAD_PENDING,
-    ItemState,
-    decode_lease,
-    decode_manifest,
-    encode_lease,
-    encode_manifest,
-    new_nonce,
-)
+from okq.leases import DEAD, DEAD_PENDING, ItemState, decode_lease, encode_lease
+from okq.model import decode_manifest, encode_manifest, new_nonce
 from okq.store import FaultyStore, FileStore, MemoryStore, Store
 
 T = TypeVar("T")

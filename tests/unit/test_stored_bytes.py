@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from okq.model import (
+from okq.leases import (
     DEAD,
     DEAD_PENDING,
     DONE,
@@ -20,15 +20,17 @@ from okq.model import (
     WAITING,
     ItemState,
     LeaseObject,
+    decode_lease,
+    encode_lease,
+)
+from okq.model import (
     Manifest,
     QueueConfig,
     Segment,
     SegmentItem,
     SegmentMeta,
-    decode_lease,
     decode_manifest,
     decode_segment,
-    encode_lease,
     encode_manifest,
     encode_segment,
 )
