@@ -144,7 +144,7 @@ async def run_node(settings: Settings) -> None:
 
 
 register(main)  # the commands that talk to a node: okq/commands/
-main.add_command(fleet)  # a local fleet: okq/localfleet.py
+main.add_command(fleet)  # a local fleet: okq/dev/fleet.py
 
 
 if __name__ == "__main__":

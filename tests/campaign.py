@@ -88,10 +88,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from okq.client import Client
 from okq.clock import MAX_CLOCK_SKEW_MS
-from okq.devservers import Process, ServerMissing, nginx_binary, weed_binary
+from okq.dev.fleet import FleetError, FleetNode, LocalFleet
+from okq.dev.nginx import nginx_binary
+from okq.dev.servers import Process, ServerMissing, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.fleetwire import FORWARD_PATH
-from okq.localfleet import FleetError, FleetNode, LocalFleet
 from okq.store.base import DEFAULT_S3_TIMEOUT
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.forwardtap import ForwardTap

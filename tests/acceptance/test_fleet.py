@@ -37,9 +37,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from okq.client import Client, Worker
-from okq.devservers import ServerMissing, descendants, free_port, nginx_binary, weed_binary
+from okq.dev.fleet import FleetNode, LocalFleet
+from okq.dev.nginx import nginx_binary
+from okq.dev.servers import ServerMissing, descendants, free_port, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
-from okq.localfleet import FleetNode, LocalFleet
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History
 from tests.sqs_support import SQS_KEYS, sqs_client
