@@ -9,7 +9,7 @@ names its field, the caller gone while its long poll waited, metrics.
 from __future__ import annotations
 
 import difflib
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar, get_args
 
 import msgpack
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from okq import wire as s
 from okq.auth import StoredKey, describe
+from okq.clock import assume_utc
 from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import Forbidden, InvalidRequest, OkqError
 from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
@@ -53,9 +54,7 @@ M = TypeVar("M", bound=BaseModel)
 def ms(value: datetime | None) -> int | None:
     if value is None:
         return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return int(value.timestamp() * 1000)
+    return int(assume_utc(value).timestamp() * 1000)
 
 
 dt, text = s.to_datetime, s.utf8_or_none
