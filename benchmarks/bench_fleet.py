@@ -1,6 +1,6 @@
 """A fleet of okq nodes on SeaweedFS, with and without the sequencer. Not a test.
 
-Every fleet is a fresh ``okq.localfleet.LocalFleet`` (SeaweedFS, ``okq serve``
+Every fleet is a fresh ``okq.dev.fleet.LocalFleet`` (SeaweedFS, ``okq serve``
 nodes, the compactor; nginx only for failover) on loopback. Four phases (the
 last only when asked for):
 
@@ -72,8 +72,8 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from okq.client import Client
+from okq.dev.fleet import LocalFleet
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
-from okq.localfleet import LocalFleet
 from okq.sequencer import shard_of
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report

@@ -58,7 +58,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from okq.client import Client
-from okq.devservers import DUMMY_CREDENTIALS, SeaweedServer
+from okq.dev.servers import DUMMY_CREDENTIALS, SeaweedServer
 from okq.keys import manifest_key
 from okq.model import decode_manifest
 from okq.store import open_store

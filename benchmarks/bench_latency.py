@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from okq.client import Client
-from okq.devservers import SeaweedServer
+from okq.dev.servers import SeaweedServer
 from tests.nodes import okq_node
 from tests.servers import ensure_dummy_credentials
 

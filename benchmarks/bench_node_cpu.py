@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from okq.client import Client
-from okq.localfleet import store_requests_of
+from okq.dev.fleet import store_requests_of
 from tests.nodes import okq_node
 from tests.servers import BUCKET, SeaweedServer, ensure_dummy_credentials
 

@@ -20,7 +20,7 @@ redis          redis-server from Debian's packages with its defaults (RDB snapsh
                the long poll), XACK + XDEL pipelined on complete. redis.asyncio. Its
                lease has no timeout (nothing here runs XAUTOCLAIM).
 okq-file       one ``okq serve`` on a file:// store in the temporary directory.
-okq-seaweedfs  one ``okq serve`` on SeaweedFS (``weed mini``, okq.devservers).
+okq-seaweedfs  one ``okq serve`` on SeaweedFS (``weed mini``, okq.dev.servers).
                okq is driven by okq.client.Client (msgpack), queues with a 60 s lease.
                No compactor runs: its requests are not in the figures.
 
@@ -88,7 +88,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from okq.client import Client
-from okq.devservers import (
+from okq.dev.fleet import store_requests_of
+from okq.dev.servers import (
     HOST,
     Process,
     SeaweedServer,
@@ -100,7 +101,6 @@ from okq.devservers import (
     http_status,
     port_answers,
 )
-from okq.localfleet import store_requests_of
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 100
@@ -306,7 +306,7 @@ def postgres_bindir(given: str | None) -> Path:
 
 
 class AccountProcess(Process):
-    """devservers.Process, run as another account (PostgreSQL when we are root)."""
+    """okq.dev.servers.Process, run as another account (PostgreSQL when we are root)."""
 
     def __init__(self, name: str, argv: Sequence[str], log_path: Path,
                  account: pwd.struct_passwd | None, cwd: Path) -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from okq.devservers import port_answers
+from okq.dev.servers import port_answers
 from okq.store import Store, open_store
 from tests.nodes import free_port
 from tests.servers import BUCKET, SeaweedServer, create_bucket, ensure_dummy_credentials

@@ -2,7 +2,7 @@
 
 One ``okq serve`` (SQS on, ``--sqs-keys``) on loopback, a file:// store in a
 temporary directory (``--store file``, the default) or SeaweedFS (``--store
-seaweed``: ``weed mini`` from okq.devservers). Both APIs run the same workload
+seaweed``: ``weed mini`` from okq.dev.servers). Both APIs run the same workload
 from this one asyncio process, in turn, on a fresh queue each time (60 s lease /
 visibility timeout):
 
@@ -71,8 +71,8 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from okq.client import Client
-from okq.devservers import DUMMY_CREDENTIALS, SeaweedServer
-from okq.localfleet import store_requests_of
+from okq.dev.fleet import store_requests_of
+from okq.dev.servers import DUMMY_CREDENTIALS, SeaweedServer
 from okq.store.counting import PUT_CLASS
 from tests.sqs_support import ACCESS_KEY, REGION, SECRET_KEY, sqs_node
 

@@ -14,7 +14,7 @@ import logging
 import math
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -22,11 +22,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
-from pydantic import ValidationError
 
 from compactor.core import Compactor, CompactorOptions, Report, children
 from okq.clock import SystemClock
 from okq.errors import ConditionalWritesUnsupported, OkqError, StorageError
+from okq.flags import settings_from, settings_options
 from okq.keys import NAME_RE, manifests_prefix
 from okq.runtime import EngineOptions, Runtime
 from okq.settings import Settings
@@ -103,30 +103,11 @@ class Seconds(click.types.FloatParamType):
 SECONDS = Seconds()
 #: The Settings fields the compactor uses; the rest are the node's.
 SETTINGS = ("store", "endpoint_url", "s3_timeout", "namespace", "self_check", "log_level")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PUBLISH_DEADLINE = EngineOptions().publish_timeout
 
 
-def _settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A flag for each Settings field in ``SETTINGS``, with the description and env
-    variable ``okq serve --help`` shows for it."""
-    for name in reversed(SETTINGS):
-        field = Settings.model_fields[name]
-        flag = "--" + name.replace("_", "-")
-        default = field.default if field.default is not None else "none"
-        text = f"{field.description} [env OKQ_{name.upper()}; default: {default}]"
-        if field.annotation is bool:
-            fn = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(fn)
-        elif name == "log_level":
-            fn = click.option(flag, name, default=None, help=text,
-                              type=click.Choice(LOG_LEVELS, case_sensitive=False))(fn)
-        else:
-            fn = click.option(flag, name, default=None, help=text)(fn)
-    return fn
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@_settings_options
+@settings_options(SETTINGS)
 @click.option("--all-namespaces", is_flag=True,
               help="compact every namespace found in the store, not only --namespace")
 @click.option("--once", is_flag=True, help="run one pass and exit")
@@ -151,7 +132,7 @@ def main(once: bool, interval: float, safety_age: float, lease_grace: float, gc_
          **flags: Any) -> None:
     """Compact okq queues: fold tombstones, merge segments, enforce retention, collect
     garbage."""
-    settings = _settings(flags)
+    settings = settings_from(flags)
     _check_safety_age(safety_age, settings)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -165,15 +146,6 @@ def main(once: bool, interval: float, safety_age: float, lease_grace: float, gc_
     except (OkqError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     exit_past_native_threads(0)  # everything is closed: see its docstring
-
-
-def _settings(flags: dict[str, Any]) -> Settings:
-    try:
-        return Settings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise click.UsageError(f"--{where.replace('_', '-')}: {err['msg']}") from None
 
 
 def _check_safety_age(safety_age: float, settings: Settings) -> None:

@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
-from okq import transitions as tr
+from okq import leases as tr
 from okq.admin import Admin
 from okq.clock import Clock, SystemClock
 from okq.engine import Engine
@@ -50,18 +50,13 @@ from okq.keys import (
     segment_key,
     segments_prefix,
 )
+from okq.leases import HALF_DONE, IN_FLIGHT, WAITING, ItemState, LeaseObject, encode_lease
 from okq.manifest_ops import CompactionCommit
 from okq.model import (
-    HALF_DONE,
-    IN_FLIGHT,
-    WAITING,
-    ItemState,
-    LeaseObject,
     QueueConfig,
     Segment,
     SegmentItem,
     SegmentMeta,
-    encode_lease,
     encode_segment,
     fresh_due_ms,
     fresh_ready_ms,
@@ -354,8 +349,7 @@ class Compactor:
         segment = Segment(sid, queue, now, now, [item for _, item, _ in moved])
         data = encode_segment(segment)
         await self.store.put(segment_key(self.ns, queue, sid), data, if_none_match=True)
-        waiting = {n: ItemState(st.s, st.v, st.attempts, st.t, st.err, first=st.first)
-                   for n, (_, _, st) in enumerate(moved) if st is not None}
+        waiting = {n: tr.carried(st) for n, (_, _, st) in enumerate(moved) if st is not None}
         if waiting:
             obj = LeaseObject(sid, waiting, ver=1, nonce=new_nonce())
             await self.store.put(lease_key(self.ns, queue, sid), encode_lease(obj),

@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from okq.cell import Unchanged
+from okq.changes import Unchanged
 from okq.errors import (
     CASConflict,
     InvalidRequest,

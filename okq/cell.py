@@ -4,16 +4,16 @@ An engine never races itself on a key: every change to an object goes through
 its :class:`Cell`, which gathers the changes submitted while the previous write
 was in flight and applies them all in one compare-and-swap (group commit).
 
-A change is a function ``fn(obj, now) -> result`` that mutates a freshly decoded
-copy of the object, or returns :class:`Unchanged` when there is nothing to do;
-it may raise an :class:`~okq.errors.OkqError` to refuse itself, which fails
-that change alone (it must raise before it mutates anything: the transitions in
-okq/transitions.py check first, then write). On CASConflict the cell re-reads
-and re-applies the whole batch. A batch that writes nothing (every change refused or
-unchanged) is decided again on a fresh read when the cached copy may be stale,
-so no refusal rests on an old copy. On any other StorageError the write is ambiguous:
-the cell re-reads and checks for its own nonce, so a landed write is never
-applied twice.
+A change (okq/changes.py) is a function ``fn(obj, now) -> result`` that mutates
+a fresh copy of the object, or returns :class:`~okq.changes.Unchanged` when
+there is nothing to do; it may raise an :class:`~okq.errors.OkqError` to refuse
+itself, which fails that change alone (it must raise before it mutates
+anything: the transitions in okq/leases.py check first, then write). On
+CASConflict the cell re-reads and re-applies the whole batch. A batch that
+writes nothing (every change refused or unchanged) is decided again on a fresh
+read when the cached copy may be stale, so no refusal rests on an old copy. On
+any other StorageError the write is ambiguous: the cell re-reads and checks for
+its own nonce, so a landed write is never applied twice.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from okq.batcher import Batcher
+from okq.changes import Change, Unchanged
 from okq.clock import Clock
 from okq.errors import CASConflict, ObjectNotFound, OkqError, StorageError
 from okq.model import new_nonce
@@ -40,15 +40,6 @@ class Versioned(Protocol):
 
 
 T = TypeVar("T", bound=Versioned)
-Change = Callable[[Any, int], Any]
-
-
-@dataclass(frozen=True)
-class Unchanged:
-    """What a change returns when it found nothing to do: the cell then writes
-    nothing for it (after confirming on a fresh read), and answers ``value``."""
-
-    value: Any = None
 
 
 class Cell(Generic[T]):

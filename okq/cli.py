@@ -11,41 +11,13 @@ from typing import Any
 
 import click
 from aiohttp import web
-from pydantic import ValidationError
 
 from okq.commands import Ctx, register
 from okq.commands.fleet import fleet
 from okq.errors import OkqError
+from okq.flags import settings_from, settings_options
 from okq.settings import Settings
 from okq.store import exit_past_native_threads, open_store
-
-
-def _settings_options(fn: Any) -> Any:
-    """One flag per Settings field, with its description and env var in --help."""
-    for name, field in reversed(list(Settings.model_fields.items())):
-        flag = "--" + name.replace("_", "-")
-        env = f"OKQ_{name.upper()}"
-        default = field.default if field.default is not None else "none"
-        if name == "signing_keys":
-            default = "a random development key"
-        text = f"{field.description} [env {env}; default: {default}]"
-        if field.annotation is bool:
-            fn = click.option(f"{flag}/--no-{flag[2:]}", name, default=None, help=text)(fn)
-        else:
-            fn = click.option(flag, name, type=_click_type(field.annotation), default=None,
-                              help=text)(fn)
-    return fn
-
-
-def _click_type(annotation: Any) -> click.ParamType[Any, Any]:
-    """INTEGER or FLOAT for numeric settings (so --help says so and a bad number is a
-    usage error); text for the rest. Ranges stay with Settings, which names them."""
-    kinds = {a for a in typing.get_args(annotation) if a is not type(None)} or {annotation}
-    if kinds == {int}:
-        return click.INT
-    if kinds == {float}:
-        return click.FLOAT
-    return click.STRING
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,15 +47,10 @@ def main(ctx: click.Context, url: str, api_key: str | None, output: str,
 
 
 @main.command()
-@_settings_options
+@settings_options()
 def serve(**flags: Any) -> None:
     """Run an okq node: the lease API over HTTP."""
-    try:
-        settings = Settings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise click.UsageError(f"--{where.replace('_', '-')}: {err['msg']}") from None
+    settings = settings_from(flags)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -144,7 +111,7 @@ async def run_node(settings: Settings) -> None:
 
 
 register(main)  # the commands that talk to a node: okq/commands/
-main.add_command(fleet)  # a local fleet: okq/localfleet.py
+main.add_command(fleet)  # a local fleet: okq/dev/fleet.py
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Clocks. Every piece of okq that needs the time takes one of these.
 
-Times are integer milliseconds since the epoch throughout okq's state objects.
+Times are integer milliseconds since the epoch throughout okq's state objects;
+a time given without a zone (the API's, the command line's) is UTC.
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Protocol
 
 #: The documented clock-skew bound: every node's and compactor's clock is within
@@ -45,3 +47,8 @@ class OffsetClock:
 
     def now_ms(self) -> int:
         return self.base.now_ms() + self.offset_ms
+
+
+def assume_utc(value: datetime) -> datetime:
+    """``value``, read as UTC when it has no zone (an aware time keeps its own)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -1,6 +1,6 @@
 """Operations on deliveries, named by their signed lease tokens.
 
-Each is one cell change on the item's lease object (okq/transitions.py); a
+Each is one cell change on the item's lease object (okq/leases.py); a
 retry that moves the item to the dead-letter path hands it to the finishers.
 """
 
@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from okq import transitions as tr
-from okq.cell import Unchanged
+from okq import leases as tr
+from okq.changes import Unchanged
 from okq.errors import (
     InvalidRequest,
     InvalidToken,
@@ -21,10 +21,9 @@ from okq.errors import (
 from okq.keys import (
     item_id,
 )
+from okq.leases import LEASED, LeaseObject
 from okq.limits import check_lease_timeout, check_time_ms
 from okq.model import (
-    LEASED,
-    LeaseObject,
     new_request_id,
 )
 from okq.publisher import NewItem

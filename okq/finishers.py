@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from okq import transitions as tr
+from okq import leases as tr
 from okq.errors import (
     ObjectNotFound,
     OkqError,
@@ -22,10 +22,8 @@ from okq.errors import (
 from okq.keys import (
     item_id,
 )
+from okq.leases import DEAD_PENDING, OUTPUTS_PENDING, ItemState
 from okq.model import (
-    DEAD_PENDING,
-    OUTPUTS_PENDING,
-    ItemState,
     QueueConfig,
     SegmentMeta,
     dead_letter_meta,

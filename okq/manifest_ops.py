@@ -3,7 +3,7 @@
 Each operation is a frozen dataclass: its name and arguments say what to do,
 and ``apply(manifest, now)`` does it, a pure function that mutates the copy it
 is given (the cell hands it a freshly decoded one) and returns its result, an
-:class:`~okq.cell.Unchanged` when there is nothing to do, or raises an OkqError
+:class:`~okq.changes.Unchanged` when there is nothing to do, or raises an OkqError
 before it mutates anything. ``to_wire`` / ``from_wire`` turn an operation into
 ``(name, arguments)`` of msgpack-able values and back, so a node can send its
 changes to another (the sequencer) as data.
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from okq.cell import Unchanged
+from okq.changes import Unchanged
 from okq.errors import (
     InvalidRequest,
     OkqError,

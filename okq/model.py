@@ -1,4 +1,6 @@
-"""The state objects okq keeps in the store, and their msgpack codec.
+"""The state objects okq keeps in the store, and their msgpack codec: queue
+configs, manifests, segments, message move tasks, and the framing every object
+shares (lease objects, the hot path, are okq/leases.py's).
 
 Every object is a msgpack map with ``f`` (its kind) and ``v`` (its format
 version); decoders refuse other kinds and versions with a FormatError that
@@ -196,87 +198,18 @@ class Segment:
     items: list[SegmentItem]
 
 
-# Item states in a lease object. An item with no entry is fresh: never leased.
-LEASED = "L"  # t = lease deadline; expired leases are as good as WAITING at t
-WAITING = "W"  # t = ready time (retried)
-DONE = "D"  # completed: a tombstone
-DEAD_PENDING = "X"  # being moved to the dead-letter queue; t = when that began
-DEAD = "Z"  # moved to the dead-letter queue (or dropped: no dead queue)
-OUTPUTS_PENDING = "P"  # completed; its outputs segment is being published; t = since
-
-#: States with a step still to take by whoever holds the item or walks past it.
-HALF_DONE = frozenset({DEAD_PENDING, OUTPUTS_PENDING})
-#: States that keep a segment busy: not sealed, merged or expired meanwhile.
-IN_FLIGHT = frozenset({LEASED, *HALF_DONE})
-#: Terminal states in a segment: tombstones the compactor folds away.
-FINISHED = frozenset({DONE, DEAD})
-
-
-@dataclass(slots=True)
-class ItemState:
-    """One item's state in a lease object. Never changed in place once it is in a
-    lease object: a transition puts a new one in its slot, so a copy of the object
-    that shares its states (:meth:`LeaseObject.copy`) is a copy all the same."""
-
-    s: str
-    v: int  # delivery counter: bumped by every lease, fences stale tokens
-    attempts: int
-    t: int
-    err: str | None = None
-    # For a completion that produced outputs: [queue, segment id, count, created_ms, size]
-    out: list[Any] | None = None
-    # The request that made this state (a lease or a retry): a writer whose write
-    # was ambiguous and then overwritten recognises its own change by it.
-    rq: str | None = None
-    # When the item was first leased (ms), kept by the states of an item that may
-    # be leased again (L, W): the SQS front end's ApproximateFirstReceiveTimestamp.
-    # A trailing field: older readers ignore it (and drop it when they rewrite).
-    first: int | None = None
-    # (index, its msgpack map entry) once encoded: a state is never changed in
-    # place, so a lease object re-encodes only the states new since its last write.
-    packed: tuple[int, bytes] | None = field(default=None, init=False, repr=False,
-                                             compare=False)
-
-    def pack(self) -> list[Any]:
-        packed = [self.s, self.v, self.attempts, self.t, self.err]
-        if self.first is not None:
-            return [*packed, self.out, self.rq, self.first]
-        if self.rq is not None:
-            return [*packed, self.out, self.rq]
-        return packed if self.out is None else [*packed, self.out]
-
-    @classmethod
-    def unpack(cls, raw: list[Any]) -> ItemState:
-        n = len(raw)
-        return cls(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5] if n > 5 else None,
-                   raw[6] if n > 6 else None, raw[7] if n > 7 else None)
-
-
-@dataclass(slots=True)
-class LeaseObject:
-    segment: str
-    items: dict[int, ItemState] = field(default_factory=dict)
-    ver: int = 0
-    nonce: str = ""
-    # Set by the compactor before it merges the segment's items elsewhere: no
-    # item of a sealed segment is leased again. Only set when none is leased.
-    sealed: bool = False
-
-    def copy(self) -> LeaseObject:
-        """A copy to change: its own slots, the states shared (they are replaced,
-        never changed in place), so it costs a dict copy and no decode."""
-        return LeaseObject(self.segment, dict(self.items), self.ver, self.nonce, self.sealed)
-
-
 # -- codec ---------------------------------------------------------------
 
 
-def _pack(kind: str, body: dict[str, Any]) -> bytes:
+def pack_object(kind: str, body: dict[str, Any]) -> bytes:
+    """An object of ``kind`` as the store keeps it: ``f``, ``v``, then its fields."""
     out: bytes = msgpack.packb({"f": kind, "v": FORMAT_VERSION, **body}, use_bin_type=True)
     return out
 
 
-def _unpack(kind: str, data: bytes) -> dict[str, Any]:
+def unpack_object(kind: str, data: bytes) -> dict[str, Any]:
+    """The fields of an object of ``kind``; FormatError (keeping the bytes) for
+    anything else: undecodable, another kind, another format version."""
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
@@ -298,7 +231,7 @@ def _config_dump(config: QueueConfig) -> dict[str, Any]:
 
 
 def encode_manifest(m: Manifest) -> bytes:
-    return _pack(
+    return pack_object(
         "manifest",
         {
             "queue": m.queue,
@@ -317,7 +250,7 @@ def encode_manifest(m: Manifest) -> bytes:
 
 
 def decode_manifest(data: bytes) -> Manifest:
-    raw = _unpack("manifest", data)
+    raw = unpack_object("manifest", data)
     try:
         purge_rq, purged = raw.get("purge") or ("", {})
         return Manifest(
@@ -339,7 +272,7 @@ def decode_manifest(data: bytes) -> Manifest:
 
 
 def encode_segment(s: Segment) -> bytes:
-    return _pack(
+    return pack_object(
         "segment",
         {
             "id": s.id,
@@ -357,7 +290,7 @@ def encode_segment(s: Segment) -> bytes:
 
 
 def decode_segment(data: bytes) -> Segment:
-    raw = _unpack("segment", data)
+    raw = unpack_object("segment", data)
     try:
         items = [_segment_item(fields) for fields in raw["items"]]
         return Segment(raw["id"], raw["queue"], raw["created"], raw["publish_by"], items)
@@ -371,66 +304,6 @@ def _segment_item(fields: Any) -> SegmentItem:
     if not isinstance(fields[0], bytes):
         raise TypeError("a segment item's payload must be bytes")
     return SegmentItem(*fields)
-
-
-def encode_lease(o: LeaseObject) -> bytes:
-    """The lease object as ``_pack`` would write it, its item map joined from each
-    state's cached bytes: a write packs only the states that are new since the
-    last one (a segment's tombstones pile up until compaction)."""
-    items = b"".join([
-        p[1] if (p := st.packed) is not None and p[0] == index else _pack_state(index, st)
-        for index, st in o.items.items()
-    ])
-    return b"".join([
-        _LEASE_HEAD, _packb(o.segment), b"\xa5items", _map_header(len(o.items)), items,
-        b"\xa3ver", _packb(o.ver), b"\xa5nonce", _packb(o.nonce), b"\xa6sealed",
-        _packb(o.sealed),
-    ])
-
-
-def _pack_state(index: int, st: ItemState) -> bytes:
-    key = _INDEX_BYTES[index] if index < len(_INDEX_BYTES) else _packb(index)
-    packed = key + _packb(st.pack())
-    st.packed = (index, packed)
-    return packed
-
-
-def _packb(value: Any) -> bytes:
-    out: bytes = msgpack.packb(value, use_bin_type=True)
-    return out
-
-
-def _map_header(n: int) -> bytes:
-    if n < 16:
-        return bytes([0x80 | n])
-    if n < 0x10000:
-        return b"\xde" + n.to_bytes(2, "big")
-    return b"\xdf" + n.to_bytes(4, "big")
-
-
-#: Item indexes as msgpack map keys, for the common sizes of a segment.
-_INDEX_BYTES = [msgpack.packb(i) for i in range(4096)]
-#: {"f": "lease", "v": FORMAT_VERSION, "segment": ...}: a map of 7, its first keys.
-_LEASE_HEAD = b"\x87" + _packb("f") + _packb("lease") + _packb("v") + _packb(FORMAT_VERSION) \
-    + _packb("segment")
-
-
-def _index(raw: Any) -> int:
-    """An item index as a lease object keeps it: an integer, 0 or more."""
-    index = int(raw)
-    if index < 0:
-        raise ValueError(f"negative item index {index}")
-    return index
-
-
-def decode_lease(data: bytes) -> LeaseObject:
-    raw = _unpack("lease", data)
-    try:
-        items = {_index(i): ItemState.unpack(st) for i, st in raw["items"].items()}
-        return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"],
-                           bool(raw.get("sealed", False)))
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
-        raise FormatError(f"malformed lease object: {exc}", data=data) from exc
 
 
 @dataclass(slots=True)
@@ -463,11 +336,11 @@ _MOVE_TASK_FIELDS = ("dead", "seq", "source_arn", "destination_arn", "target", "
 
 
 def encode_move_task(t: MoveTask) -> bytes:
-    return _pack("movetask", {f: getattr(t, f) for f in _MOVE_TASK_FIELDS})
+    return pack_object("movetask", {f: getattr(t, f) for f in _MOVE_TASK_FIELDS})
 
 
 def decode_move_task(data: bytes) -> MoveTask:
-    raw = _unpack("movetask", data)
+    raw = unpack_object("movetask", data)
     try:
         return MoveTask(**{f: raw[f] for f in _MOVE_TASK_FIELDS})
     except (KeyError, TypeError) as exc:

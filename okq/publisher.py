@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from okq.batcher import Batcher
-from okq.cell import Cell, Unchanged
+from okq.cell import Cell
+from okq.changes import Unchanged
 from okq.clock import MAX_CLOCK_SKEW_MS, Clock
 from okq.errors import CASConflict, ObjectNotFound, PublishAborted, StorageError
 from okq.keys import item_id, lease_key, new_segment_id, segment_key

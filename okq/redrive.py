@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from okq import transitions as tr
-from okq.cell import Unchanged
+from okq import leases as tr
+from okq.changes import Unchanged
 from okq.errors import (
     InvalidRequest,
     LeaseLost,
@@ -18,11 +18,8 @@ from okq.keys import (
     check_name,
     item_id,
 )
+from okq.leases import DONE, LEASED, OUTPUTS_PENDING, LeaseObject
 from okq.model import (
-    DONE,
-    LEASED,
-    OUTPUTS_PENDING,
-    LeaseObject,
     dead_letter_source,
     redriven_meta,
 )

@@ -31,16 +31,14 @@ from okq.keys import (
     manifest_key,
     segment_key,
 )
+from okq.leases import LeaseObject, decode_lease, encode_lease
 from okq.limits import check_batch, check_time_ms
 from okq.model import (
-    LeaseObject,
     Manifest,
     Segment,
     SegmentMeta,
-    decode_lease,
     decode_manifest,
     decode_segment,
-    encode_lease,
     encode_manifest,
 )
 from okq.publisher import NewItem, Publisher

@@ -2,7 +2,7 @@
 takes, the cell changes that lease it, and the long poll.
 
 docs/DESIGN.md, "Lease", says what the walk does and why; the item transitions
-it applies are in okq/transitions.py.
+it applies, and what a lease object says about its segment, are in okq/leases.py.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from okq import transitions as tr
-from okq.cell import Cell, Unchanged
+from okq import leases as tr
+from okq.cell import Cell
+from okq.changes import Unchanged
 from okq.errors import (
     InvalidRequest,
     ObjectNotFound,
@@ -20,13 +21,9 @@ from okq.errors import (
 from okq.keys import (
     item_id,
 )
+from okq.leases import LeaseObject, exhausted
 from okq.limits import check_lease_timeout
 from okq.model import (
-    HALF_DONE,
-    IN_FLIGHT,
-    LEASED,
-    WAITING,
-    LeaseObject,
     Manifest,
     QueueConfig,
     Segment,
@@ -268,7 +265,7 @@ class Scheduler:
         if fresh is None and len(obj.items) < sm.count:
             # Only fresh items need the segment (for their enqueue time).
             fresh = _fresh(sm, await self.rt.segment(q, sm))
-        summary = _summarise(sm, fresh, obj)
+        summary = _Summary(*tr.summarise(obj, sm.count, fresh), fresh)
         q.summaries[sm.id] = (cell.data, summary)
         return summary
 
@@ -294,7 +291,7 @@ class Scheduler:
             # finds this request's own leases: they are answered, not stranded.
             mine, mine_dead, rest = tr.recognise(obj, wanted, rq)
             if not fresh_cfg and cfg.max_attempts:
-                kept = [w for w in rest if not _exhausted(obj, w[0], cfg.max_attempts)]
+                kept = [w for w in rest if not exhausted(obj, w[0], cfg.max_attempts)]
                 held_back = len(kept) < len(rest)
                 rest = kept
             leased, dead = tr.lease(obj, rest, now, lease_ms, cfg.max_attempts, rq)
@@ -340,42 +337,7 @@ def _scan_order(m: Manifest) -> list[SegmentMeta]:
     return order
 
 
-#: States whose item is leasable at its ``t``: a lease once it expires, a retry once due.
-READY_STATES = frozenset({LEASED, WAITING})
-
-
 def _fresh(sm: SegmentMeta, seg: Segment) -> list[tuple[int, int, int]]:
     """Every item of a segment as a never-leased candidate: (order, index, due)."""
     return [(fresh_ready_ms(sm, item), idx, fresh_due_ms(sm, item))
             for idx, item in enumerate(seg.items[:sm.count])]
-
-
-def _summarise(sm: SegmentMeta, fresh: list[tuple[int, int, int]] | None,
-               obj: LeaseObject) -> _Summary:
-    """The segment's candidates by order: its fresh items (``fresh``, needed
-    when some item has no state) and its leased or waiting ones at their time."""
-    ready: list[tuple[int, int, int]] = []
-    stalled: list[tuple[int, int]] = []
-    inflight = False
-    if obj.sealed:  # a compactor is merging it: nothing in it is leasable
-        return _Summary(ready, inflight, stalled, fresh)
-    states = obj.items
-    for idx, st in states.items():
-        if idx >= sm.count:
-            continue
-        if st.s in IN_FLIGHT:
-            inflight = True
-            if st.s in HALF_DONE:
-                stalled.append((st.t, idx))
-        if st.s in READY_STATES:
-            ready.append((st.t, idx, st.t))
-    if fresh is not None and len(states) < sm.count:
-        ready.extend(c for c in fresh if c[1] not in states)
-    ready.sort()
-    stalled.sort(key=lambda s: s[1])
-    return _Summary(ready, inflight, stalled, fresh)
-
-
-def _exhausted(obj: LeaseObject, index: int, max_attempts: int) -> bool:
-    st = obj.items.get(index)
-    return st is not None and st.attempts >= max_attempts

@@ -27,6 +27,8 @@ DEFAULT_STORE = "file://./okq-data"
 #: reach the holder spread by their extra hop; a wider window gathers them into
 #: one segment as one node's calls are (docs/OPERATIONS.md, "A fleet").
 SEQUENCER_LINGER = 0.01
+#: What --log-level takes (in any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class Settings(BaseSettings):
@@ -225,6 +227,15 @@ class Settings(BaseSettings):
     @classmethod
     def _ns(cls, value: str) -> str:
         return check_name(value, "namespace")
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}, "
+                             f"not {value!r}")
+        return level
 
     def keys(self) -> list[bytes]:
         """The signing keys; a random development key (with a warning) when none is set."""

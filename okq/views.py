@@ -15,7 +15,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from okq import transitions as tr
 from okq.errors import (
     QueueNotFound,
 )
@@ -25,12 +24,8 @@ from okq.keys import (
     parse_item_id,
     segment_key,
 )
+from okq.leases import DONE, OUTPUTS_PENDING, ItemState, LeaseObject, classify
 from okq.model import (
-    DONE,
-    LEASED,
-    OUTPUTS_PENDING,
-    ItemState,
-    LeaseObject,
     Manifest,
     Segment,
     SegmentItem,
@@ -211,24 +206,11 @@ def _classify(st: ItemState | None, sm: SegmentMeta, item: SegmentItem,
     A fresh item is available once due (0 when not scheduled), whatever its
     producer's clock said of its ready time."""
     if st is not None:
-        return _state_of(st, now)
+        return classify(st, now)
     ready = fresh_ready_ms(sm, item)
     if ready <= now or fresh_due_ms(sm, item) <= now:
         return "available", ready
     return "scheduled", ready
-
-
-def _state_of(st: ItemState, now: int) -> tuple[str, int | None]:
-    """A leased-before item's state as stats counts it, and its ready time: its
-    lease object's entry alone tells them."""
-    if st.s == LEASED and st.t > now:
-        return "in_flight", st.t
-    ready = tr.ready_at(st, 0)
-    if ready is not None:
-        return ("available" if ready <= now else "waiting_retry"), ready
-    if st.s in (DONE, OUTPUTS_PENDING):
-        return "completed", None
-    return "dead_lettered", None
 
 
 def _first_born(sm: SegmentMeta) -> int | None:
@@ -274,7 +256,7 @@ def _tally(s: QueueStats, sm: SegmentMeta, obj: LeaseObject, seg: Segment | None
             continue
         fresh -= 1
         item = seg.items[idx] if seg is not None else None
-        state, _ = _state_of(st, now)
+        state, _ = classify(st, now)
         if state == "completed" and item is not None and _redriven(st, item):
             state = "redriven"
         setattr(s, state, getattr(s, state) + 1)

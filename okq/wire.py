@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from okq.clock import assume_utc
 from okq.limits import (
     LEASE_TIMEOUT_MAX,
     LEASE_TIMEOUT_MIN,
@@ -73,8 +74,7 @@ MAX_TIME = datetime.fromtimestamp(MAX_TIME_MS / 1000, UTC)  # 9000-01-01
 def _time(value: datetime | None) -> datetime | None:
     if value is None:
         return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
+    value = assume_utc(value)
     if not MIN_TIME <= value <= MAX_TIME:
         raise ValueError("must be between 1970-01-01 and 9000-01-01")
     return value

@@ -3,7 +3,7 @@ scenario ending with the history checker (tests/history.py).
 
     python -m tests.campaign [--short|--long] [--report PATH] [--scenarios a,b] [--seed N]
 
-A fleet (``okq.localfleet``: SeaweedFS, three ``okq serve`` nodes in
+A fleet (``okq.dev.fleet``: SeaweedFS, three ``okq serve`` nodes in
 sequencer mode, the compactor, nginx, and HAProxy from deploy/haproxy as a
 second load balancer over the same nodes) runs the scenarios, with the
 fault-injecting proxy (tests/s3proxy.py) between SeaweedFS and every node and
@@ -92,10 +92,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from okq.client import Client
 from okq.clock import MAX_CLOCK_SKEW_MS
-from okq.devservers import Process, ServerMissing, free_port, nginx_binary, weed_binary
+from okq.dev.fleet import FleetError, FleetNode, LocalFleet
+from okq.dev.nginx import nginx_binary
+from okq.dev.servers import Process, ServerMissing, free_port, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.fleetwire import FORWARD_PATH
-from okq.localfleet import FleetError, FleetNode, LocalFleet
 from okq.store.base import DEFAULT_S3_TIMEOUT
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.forwardtap import ForwardTap

@@ -74,14 +74,7 @@ from pydantic import BaseModel
 
 import okq
 from okq.errors import FormatError, InvalidToken
-from okq.limits import (
-    LEASE_TIMEOUT_MAX,
-    LEASE_TIMEOUT_MIN,
-    MAX_ATTEMPTS_MAX,
-    RETENTION_MAX,
-    RETENTION_MIN,
-)
-from okq.model import (
+from okq.leases import (
     DEAD,
     DEAD_PENDING,
     DONE,
@@ -90,15 +83,24 @@ from okq.model import (
     WAITING,
     ItemState,
     LeaseObject,
+    decode_lease,
+    encode_lease,
+)
+from okq.limits import (
+    LEASE_TIMEOUT_MAX,
+    LEASE_TIMEOUT_MIN,
+    MAX_ATTEMPTS_MAX,
+    RETENTION_MAX,
+    RETENTION_MIN,
+)
+from okq.model import (
     Manifest,
     QueueConfig,
     Segment,
     SegmentItem,
     SegmentMeta,
-    decode_lease,
     decode_manifest,
     decode_segment,
-    encode_lease,
     encode_manifest,
     encode_segment,
 )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-from okq.devservers import HOST, Process, Server, ServerMissing, port_answers
+from okq.dev.servers import HOST, Process, Server, ServerMissing, port_answers
 
 DEPLOY_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
 _SERVER = re.compile(r"^[ \t]*server \S+ \S+[ \t]*$", re.MULTILINE)

@@ -5,7 +5,7 @@ URL; the conftest wraps them in lazily started session fixtures. Nothing here
 talks to anything but 127.0.0.1, and clients use dummy credentials
 (:func:`ensure_dummy_credentials`), so no request can reach AWS.
 
-SeaweedFS's launcher lives in the package (``okq.devservers``, which
+SeaweedFS's launcher lives in the package (``okq.dev.servers``, which
 ``okq fleet`` uses too); this module gives it the test bucket by default.
 """
 
@@ -19,15 +19,9 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from okq import devservers
-from okq.devservers import (
-    GRPC_OFFSET,
-    HOST,
-    Server,
-    free_port_pairs,
-    weed_binary,
-)
-from okq.devservers import port_answers as _port_answers
+from okq.dev import servers as devservers
+from okq.dev.servers import GRPC_OFFSET, HOST, Server, free_port_pairs, weed_binary
+from okq.dev.servers import port_answers as _port_answers
 
 __all__ = [
     "BUCKET", "DUMMY_CREDENTIALS", "GRPC_OFFSET", "HOST", "MotoServer", "SeaweedServer",

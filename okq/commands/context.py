@@ -22,6 +22,7 @@ from rich.text import Text
 
 from okq import wire as s
 from okq.client import Client
+from okq.clock import assume_utc
 from okq.errors import OkqError, Unauthorized
 
 T = TypeVar("T")
@@ -114,8 +115,7 @@ def when(value: str | None, field: str) -> datetime | None:
         if value.startswith("+"):
             parsed = datetime.now(UTC) + timedelta(seconds=float(value[1:]))
         else:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-            parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+            parsed = assume_utc(datetime.fromisoformat(value.replace("Z", "+00:00")))
     except (ValueError, OverflowError):
         raise click.BadParameter(f"{value!r} is not an RFC 3339 time or +SECONDS",
                                  param_hint=field) from None

@@ -1,4 +1,4 @@
-"""``okq fleet``: a whole fleet on this machine in one command (``okq.localfleet``).
+"""``okq fleet``: a whole fleet on this machine in one command (``okq.dev.fleet``).
 
 It runs in the foreground until Ctrl-C or SIGTERM, then stops exactly the
 processes it started. The children run in sessions of their own, so the
@@ -18,7 +18,7 @@ from types import FrameType
 import click
 
 from okq.commands.context import Ctx, fail
-from okq.localfleet import FleetError, LocalFleet, ServerMissing
+from okq.dev.fleet import FleetError, LocalFleet, ServerMissing
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar, get_args
 
 import msgpack
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from okq import ops
 from okq import wire as s
 from okq.auth import Principal, StoredKey, describe
+from okq.clock import assume_utc
 from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import Forbidden, InvalidRequest, OkqError
 from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
@@ -61,9 +62,7 @@ FLEET = Principal("fleet", "admin", None)
 def ms(value: datetime | None) -> int | None:
     if value is None:
         return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return int(value.timestamp() * 1000)
+    return int(assume_utc(value).timestamp() * 1000)
 
 
 dt, text = s.to_datetime, s.utf8_or_none

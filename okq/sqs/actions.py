@@ -33,6 +33,7 @@ from typing import Any
 
 from okq.admin import QueueInfo
 from okq.errors import InvalidRequest, InvalidToken, LeaseLost
+from okq.leases import left_queue
 from okq.model import dead_letter_source, item_origin
 from okq.publisher import NewItem
 from okq.scheduler import LeasedItem
@@ -55,7 +56,6 @@ from okq.sqs.params import (
     sqs_errors,
     str_param,
 )
-from okq.transitions import left_queue
 
 __all__ = ["Call", "SqsApi", "as_sqs"]
 

@@ -53,14 +53,8 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
 from obstore.store import S3Store as _ObjectStoreS3
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import (
-    DEFAULT_S3_TIMEOUT,
-    Blob,
-    ListPage,
-    ObjectInfo,
-    split_s3_url,
-    validate_key,
-)
+from okq.store.base import Blob, ListPage, ObjectInfo
+from okq.store.s3common import S3Common
 from okq.store.s3errors import (
     CREDENTIALS_HELP,
     TIMED_OUT,
@@ -144,21 +138,13 @@ def _cause(text: str) -> str:
     return found.group(1).strip() if found else text.splitlines()[0][:200]
 
 
-class ObstoreS3Store:
-    def __init__(
-        self,
-        url: str,
-        *,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        pool_size: int = 64,
-        timeout: float = DEFAULT_S3_TIMEOUT,
-    ) -> None:
-        self.url = url
-        self.bucket, self.prefix = split_s3_url(url)
-        self._endpoint_url = endpoint_url
+class ObstoreS3Store(S3Common):
+    def _open(self, pool_size: int, timeout: float) -> None:
+        """object_store's client (it connects at the first request), and an aiohttp
+        session made at the first conditional delete."""
         self._timeout = timeout
-        config: S3Config = {"region": region or "us-east-1"}
+        config: S3Config = {"region": self.region}
+        endpoint_url = self.endpoint_url
         if endpoint_url is not None:
             config["endpoint"] = endpoint_url
         self._store = _ObjectStoreS3(
@@ -190,11 +176,7 @@ class ObstoreS3Store:
 
     def _key(self, key: str) -> str:
         self._check_identity(key)
-        validate_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _unkey(self, full: str) -> str:
-        return full[len(self.prefix) + 1 :] if self.prefix else full
+        return super()._key(key)
 
     def _translate(self, exc: BaseException, key: str, conditional: bool,
                    op: str) -> StorageError:
@@ -288,12 +270,7 @@ class ObstoreS3Store:
         """HEAD-check, then DELETE with If-Match where the server honours it (as
         s3.py does); object_store cannot send If-Match on a DELETE, so the request
         goes to a presigned URL. A missing key is a lost condition."""
-        try:
-            info = await self.head(key)
-        except ObjectNotFound:
-            raise CASConflict(f"{key!r} is gone", key=key) from None
-        if info.etag != if_match:
-            raise CASConflict(f"{key!r} changed", key=key)
+        await self._check_etag(key, if_match)
         try:
             url = await self._native(obstore.sign_async(
                 self._store, "DELETE", full, timedelta(seconds=max(self._timeout, 60))

@@ -31,14 +31,8 @@ from botocore.exceptions import (
 )
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import (
-    DEFAULT_S3_TIMEOUT,
-    Blob,
-    ListPage,
-    ObjectInfo,
-    split_s3_url,
-    validate_key,
-)
+from okq.store.base import Blob, ListPage, ObjectInfo
+from okq.store.s3common import S3Common
 from okq.store.s3errors import NO_CONNECTION, TIMED_OUT, no_credentials, s3_error, s3_failed
 
 
@@ -50,20 +44,9 @@ def _etag(value: str) -> str:
     return value.strip('"')
 
 
-class S3Store:
-    def __init__(
-        self,
-        url: str,
-        *,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        pool_size: int = 64,
-        timeout: float = DEFAULT_S3_TIMEOUT,
-    ) -> None:
-        self.url = url
-        self.bucket, self.prefix = split_s3_url(url)
-        self._endpoint_url = endpoint_url
-        self._region = region
+class S3Store(S3Common):
+    def _open(self, pool_size: int, timeout: float) -> None:
+        """One pooled client, made at the first call."""
         self._config = AioConfig(
             max_pool_connections=pool_size,
             retries={"total_max_attempts": 1},
@@ -84,20 +67,13 @@ class S3Store:
                     self._client = await stack.enter_async_context(
                         session.client(
                             "s3",
-                            endpoint_url=self._endpoint_url,
-                            region_name=self._region or "us-east-1",
+                            endpoint_url=self.endpoint_url,
+                            region_name=self.region,
                             config=self._config,
                         )
                     )
                     self._stack = stack
         return self._client
-
-    def _key(self, key: str) -> str:
-        validate_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _unkey(self, full: str) -> str:
-        return full[len(self.prefix) + 1 :] if self.prefix else full
 
     def _translate(self, exc: Exception, key: str, conditional: bool,
                    op: str) -> StorageError:
@@ -162,14 +138,8 @@ class S3Store:
         s3 = await self._s3()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
         if if_match is not None:
-            # Not every server honours If-Match on DELETE; check first, then delete
-            # conditionally where the server can. A missing key is a lost condition.
-            try:
-                info = await self.head(key)
-            except ObjectNotFound:
-                raise CASConflict(f"{key!r} is gone", key=key) from None
-            if info.etag != if_match:
-                raise CASConflict(f"{key!r} changed", key=key)
+            # Check first, then delete conditionally where the server can.
+            await self._check_etag(key, if_match)
             kwargs["IfMatch"] = f'"{if_match}"'
         try:
             await s3.delete_object(**kwargs)

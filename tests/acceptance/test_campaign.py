@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from okq.devservers import ServerMissing
+from okq.dev.servers import ServerMissing
 from tests.campaign import SHORT, require_programs
 
 pytestmark = pytest.mark.s3

@@ -25,7 +25,7 @@ import pytest
 
 from okq import Engine, ManualClock
 from okq.client import Client
-from okq.devservers import client_environment
+from okq.dev.servers import client_environment
 from okq.store import FileStore, list_all
 from tests.engines import make_engine
 from tests.nodes import free_port, okq_node

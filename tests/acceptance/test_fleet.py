@@ -1,6 +1,6 @@
 """Any node serves any request: a fleet of real processes behind a real nginx.
 
-One fleet for the module (``okq.localfleet``): SeaweedFS, three ``okq serve``
+One fleet for the module (``okq.dev.fleet``): SeaweedFS, three ``okq serve``
 nodes, the compactor and nginx round-robin in front, all on loopback. Items
 leased through one node are renewed and completed through others; a long poll
 on one node is answered by a produce sent to another; a node SIGKILLed under
@@ -37,9 +37,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from okq.client import Client, Worker
-from okq.devservers import ServerMissing, descendants, free_port, nginx_binary, weed_binary
+from okq.dev.fleet import FleetNode, LocalFleet
+from okq.dev.nginx import nginx_binary
+from okq.dev.servers import ServerMissing, descendants, free_port, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
-from okq.localfleet import FleetNode, LocalFleet
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History
 from tests.sqs_support import SQS_KEYS, sqs_client

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from okq.client import Client
-from okq.devservers import ServerMissing
+from okq.dev.servers import ServerMissing
 from okq.errors import OkqError
 from okq.wire import ProduceItem
 from tests.haproxy import HaproxyServer, haproxy_binary

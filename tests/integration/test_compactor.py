@@ -25,7 +25,8 @@ from okq import Engine, LeasedItem, ManualClock, NewItem, QueueConfig, SystemClo
 from okq.clock import Clock, OffsetClock
 from okq.errors import PublishAborted
 from okq.keys import lease_key, manifest_key, segment_key
-from okq.model import DEAD, DONE, Manifest, decode_lease, decode_manifest
+from okq.leases import DEAD, DONE, decode_lease
+from okq.model import Manifest, decode_manifest
 from okq.store import CountingStore, FaultyStore, MemoryStore, SimulatedCrash, Store, list_all
 from tests.engines import make_engine
 from tests.stores import StoreFactory

@@ -2,7 +2,7 @@
 
 Hypothesis drives random sequences of produce / lease / renew / complete /
 retry / clock moves against real engines on a real store, and a plain-Python
-model of the lease semantics (okq/transitions.py) predicts every answer:
+model of the lease semantics (okq/leases.py) predicts every answer:
 
 * every leased item was ready in the model (never one that is scheduled, held
   under a current unexpired lease, finished or dead), with the right attempt
@@ -104,16 +104,8 @@ from okq import clock as okq_clock
 from okq.clock import Clock, OffsetClock
 from okq.errors import LeaseLost, ObjectNotFound
 from okq.keys import lease_key, manifest_key, segment_created_ms
-from okq.model import (
-    DEAD,
-    DEAD_PENDING,
-    ItemState,
-    decode_lease,
-    decode_manifest,
-    encode_lease,
-    encode_manifest,
-    new_nonce,
-)
+from okq.leases import DEAD, DEAD_PENDING, ItemState, decode_lease, encode_lease
+from okq.model import decode_manifest, encode_manifest, new_nonce
 from okq.store import FaultyStore, FileStore, MemoryStore, Store
 
 T = TypeVar("T")

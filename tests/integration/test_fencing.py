@@ -14,7 +14,8 @@ from okq import Engine, ManualClock, QueueConfig
 from okq.clock import OffsetClock, SystemClock
 from okq.errors import LeaseLost, PublishAborted
 from okq.keys import lease_key, manifest_key, new_segment_id, segment_key
-from okq.model import LEASED, Segment, SegmentItem, decode_lease, decode_manifest, encode_segment
+from okq.leases import LEASED, decode_lease
+from okq.model import Segment, SegmentItem, decode_manifest, encode_segment
 from okq.store import FaultyStore, SimulatedCrash, Store, list_all
 from tests.engines import make_engine
 from tests.stores import ATOMIC_STORES, S3_STORES

@@ -21,7 +21,8 @@ from okq import Engine, LeasedItem, ManualClock, NewItem, QueueConfig
 from okq.clock import OffsetClock
 from okq.errors import LeaseLost, Overloaded, QueueNotFound
 from okq.keys import lease_key, manifest_key
-from okq.model import DEAD, decode_lease, decode_manifest
+from okq.leases import DEAD, decode_lease
+from okq.model import decode_manifest
 from okq.store import CountingStore, FaultyStore, SimulatedCrash, Store, list_all
 from tests.engines import make_engine
 

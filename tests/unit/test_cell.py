@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from okq import transitions as tr
-from okq.cell import Cell, Unchanged
+from okq import leases as tr
+from okq.cell import Cell
+from okq.changes import Unchanged
 from okq.clock import ManualClock
 from okq.errors import CASConflict, LeaseLost, ObjectNotFound, StorageError
-from okq.model import DONE, LEASED, ItemState, LeaseObject, decode_lease, encode_lease, new_nonce
+from okq.leases import DONE, LEASED, ItemState, LeaseObject, decode_lease, encode_lease
+from okq.model import new_nonce
 from okq.store import CountingStore, FaultyStore, MemoryStore, SimulatedCrash, Store
 
 KEY = "ns/leases/q/018b5e3c2a00-0123456789"

@@ -24,7 +24,8 @@ from aiohttp.test_utils import TestServer
 from hypothesis import strategies as st
 
 from okq.errors import FormatError
-from okq.model import decode_lease, decode_manifest, encode_lease, encode_manifest
+from okq.leases import decode_lease, encode_lease
+from okq.model import decode_manifest, encode_manifest
 from okq.server.app import create_app
 from okq.settings import Settings
 from okq.sqs import auth as sqs_auth

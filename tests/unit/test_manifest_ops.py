@@ -7,7 +7,7 @@ import copy
 import msgpack
 import pytest
 
-from okq.cell import Unchanged
+from okq.changes import Unchanged
 from okq.errors import InvalidRequest, OutcomeUnknown, Overloaded, PublishAborted
 from okq.manifest_ops import (
     CompactionCommit,

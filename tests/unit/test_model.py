@@ -12,25 +12,27 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from okq.errors import FormatError, InvalidRequest
-from okq.model import (
+from okq.leases import (
     DEAD,
     DEAD_PENDING,
     DONE,
-    FORMAT_VERSION,
     LEASED,
     OUTPUTS_PENDING,
     WAITING,
     ItemState,
     LeaseObject,
+    decode_lease,
+    encode_lease,
+)
+from okq.model import (
+    FORMAT_VERSION,
     Manifest,
     QueueConfig,
     Segment,
     SegmentItem,
     SegmentMeta,
-    decode_lease,
     decode_manifest,
     decode_segment,
-    encode_lease,
     encode_manifest,
     encode_segment,
     fresh_ready_ms,
@@ -437,7 +439,7 @@ def test_lease_objects_encode_as_one_map_whatever_the_cached_states() -> None:
     import random
     from dataclasses import replace
 
-    from okq.model import _pack
+    from okq.model import pack_object as _pack
 
     def generic(o: LeaseObject) -> bytes:
         return _pack("lease", {"segment": o.segment,

@@ -1,4 +1,4 @@
-"""The item state machine of okq/transitions.py, one transition at a time."""
+"""The item state machine of okq/leases.py, one transition at a time."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from okq import transitions as tr
-from okq.cell import Unchanged
+from okq import leases as tr
+from okq.changes import Unchanged
 from okq.errors import LeaseLost
-from okq.model import (
+from okq.leases import (
     DEAD,
     DEAD_PENDING,
     DONE,

@@ -31,15 +31,14 @@ from typing import Any, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from okq.devservers import (
+from okq.dev.nginx import NginxServer, nginx_binary
+from okq.dev.servers import (
     HOST,
-    NginxServer,
     Process,
     SeaweedServer,
     ServerMissing,
     client_environment,
     free_port,
-    nginx_binary,
     port_answers,
     weed_binary,
 )
