@@ -92,7 +92,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 #: these go first and none of them is left to run alone at the end.
 LONG_FILES = (
     "acceptance/test_campaign.py",
-    "acceptance/test_cli.py",
+    "acceptance/cli/test_connect_and_queues.py",
+    "acceptance/cli/test_errors.py",
+    "acceptance/cli/test_lease_and_stats.py",
+    "acceptance/cli/test_produce.py",
+    "acceptance/cli/test_export_import.py",
     "acceptance/test_shell_worker.py",
     "acceptance/test_schemathesis_auth.py",
     "acceptance/test_sqs_clients.py",
