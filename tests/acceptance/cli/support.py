@@ -94,7 +94,7 @@ class Cli:
 
     def __call__(self, *args: str, stdin: str | None = None, url: str | None = "",
                  env: dict[str, str] | None = None, columns: str | None = WIDE,
-                 timeout: float = 60) -> Run:
+                 timeout: float = 180) -> Run:
         proc = subprocess.run(
             [*OKQ, *args], input=stdin if stdin is not None else "",
             capture_output=True, text=True, timeout=timeout,

@@ -134,7 +134,7 @@ def test_retry_later_dead_letter_and_redrive(cli: Cli) -> None:
 
 
 def test_stats_for_several_queues(cli: Cli) -> None:
-    make_queue(cli.url, "st-a", "1", "2", "3")
+    make_queue(cli.url, "st-a", "1", "2", "3", lease_timeout=3600)  # still leased when read
     make_queue(cli.url, "st-b", "x")
     make_queue(cli.url, "st-c")
     cli.ok("produce", "st-b", "--at", "+600", "y")
