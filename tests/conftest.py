@@ -88,18 +88,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 #: The files that take a minute or more on one worker (``--durations``, 4 workers on 2
-#: cores): xdist hands files out in collection order (``--no-loadscope-reorder``), so
-#: these go first and none of them is left to run alone at the end.
+#: cores), the longest first: xdist hands files out in collection order
+#: (``--no-loadscope-reorder``), so these go first and none of them is left to run alone
+#: at the end. A worker whose file has two tests or fewer left is sent the next file at
+#: once, behind it: each campaign file (one test each, mostly waiting on its fleet) takes
+#: a CLI file along.
 LONG_FILES = (
     "acceptance/test_campaign.py",
-    "acceptance/test_cli.py",
+    "acceptance/cli/test_connect_and_queues.py",
+    "acceptance/test_campaign_direct.py",
+    "acceptance/cli/test_lease_and_stats.py",
+    "acceptance/cli/test_errors.py",
+    "acceptance/cli/test_produce.py",
+    "acceptance/test_node.py",
+    "integration/test_engine_property.py",
     "acceptance/test_shell_worker.py",
     "acceptance/test_schemathesis_auth.py",
+    "acceptance/cli/test_export_import.py",
+    "integration/test_engine.py",
     "acceptance/test_sqs_clients.py",
-    "integration/test_engine_property.py",
-    "integration/test_compactor.py",
+    "acceptance/test_compactor_cli.py",
+    "acceptance/test_access.py",
+    "acceptance/test_compactor_process.py",
+    "integration/test_store_conformance.py",
     "acceptance/test_readme.py",
     "acceptance/test_schemathesis.py",
+    "integration/test_compactor.py",
     "test_static.py",
 )
 

@@ -92,7 +92,9 @@ def okq_node(
         node.stop()
 
 
-def _wait_healthy(node: Node, timeout: float = 30) -> None:
+#: A node starts in about a second; under the suite's parallel load, on a 2-core machine
+#: shared with other work, it once took over 30 s.
+def _wait_healthy(node: Node, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if node.proc.poll() is not None:

@@ -1,10 +1,13 @@
 """The fault campaign's short form (tests/campaign.py) as CI runs it.
 
 ``python -m tests.campaign --short`` runs as a subprocess against a real fleet
-(SeaweedFS behind the fault proxy, three nodes, the compactor, nginx), about
-two and a half minutes; this test reads the JSON report it writes and checks
-that every scenario lost nothing, completed nothing twice and delivered
-nothing after its completion, and that each actually injected its faults.
+(SeaweedFS behind the fault proxy, three nodes, the compactor, nginx); these tests
+read the JSON report it writes and check that every scenario lost nothing,
+completed nothing twice and delivered nothing after its completion, and that each
+actually injected its faults. The short form's scenarios on the sequencer-mode
+fleet run here; those on the fleet without the sequencer (``name@direct``) run in
+test_campaign_direct.py, so that the suite's workers run the two fleets side by
+side (``--scenarios`` picks each half; together they are ``SHORT.scenarios``).
 """
 
 from __future__ import annotations
@@ -60,8 +63,19 @@ CHECKS = {"store": _check_store, "kill": _check_kill, "stop": _check_stop,
           "clock": _check_clock, "s3-restart": _check_s3_restart}
 
 
+#: The short form's scenarios on the sequencer-mode fleet, and those on the other one.
+SEQUENCER = [n for n in SHORT.scenarios if not n.endswith("@direct")]
+DIRECT = [n for n in SHORT.scenarios if n.endswith("@direct")]
+
+
 @pytest.mark.timeout(600)
 def test_short_campaign_loses_nothing_and_completes_nothing_twice(tmp_path: Path) -> None:
+    run_short_campaign(tmp_path, SEQUENCER)
+
+
+def run_short_campaign(tmp_path: Path, names: list[str]) -> None:
+    """``python -m tests.campaign --short --scenarios names``, and its report checked."""
+    assert names and set(names) <= set(SHORT.scenarios)
     try:
         require_programs()
     except ServerMissing as exc:
@@ -70,6 +84,7 @@ def test_short_campaign_loses_nothing_and_completes_nothing_twice(tmp_path: Path
     began = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "tests.campaign", "--short", "--seed", str(SEED),
+         "--scenarios", ",".join(names),
          "--report", str(report), "--dir", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=540, check=False)
     took = time.monotonic() - began
@@ -77,7 +92,7 @@ def test_short_campaign_loses_nothing_and_completes_nothing_twice(tmp_path: Path
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
     result = json.loads(report.with_suffix(".json").read_text())
     scenarios = {s["scenario"]: s for s in result["scenarios"]}
-    assert sorted(scenarios) == sorted(SHORT.scenarios)
+    assert sorted(scenarios) == sorted(names)
     for name, s in scenarios.items():
         assert s["drained"], name
         assert (s["lost"], s["completed_twice"], s["delivered_after_completion"]) == \
