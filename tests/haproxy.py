@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-from okq.dev.servers import HOST, Process, Server, ServerMissing, port_answers
+from okq.dev.nginx import Balancer
+from okq.dev.servers import HOST, ServerMissing
 
 DEPLOY_CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy" / "haproxy.cfg"
 _SERVER = re.compile(r"^[ \t]*server \S+ \S+[ \t]*$", re.MULTILINE)
@@ -43,36 +43,14 @@ def local_config(port: int, upstreams: Sequence[str], deploy: str | None = None)
     return _BIND.sub(lambda m: f"{m.group(1)}bind {HOST}:{port}", text)
 
 
-class HaproxyServer(Server):
+class HaproxyServer(Balancer):
     """HAProxy in the foreground (``-db``) on ``HOST:port`` in front of ``upstreams``."""
 
-    def __init__(self, root: Path, port: int, upstreams: Sequence[str],
-                 start_timeout: float = 15.0) -> None:
-        self.root = root
-        self.port = port
-        self.upstreams = list(upstreams)
-        self.start_timeout = start_timeout
-        self.url = f"http://{HOST}:{port}"
-        self.process: Process | None = None
+    name = "haproxy"
 
     def start(self) -> Self:
         binary = haproxy_binary()
         self.root.mkdir(parents=True, exist_ok=True)
         conf = self.root / "haproxy.cfg"
         conf.write_text(local_config(self.port, self.upstreams))
-        self.process = Process("haproxy", [binary, "-db", "-f", str(conf)],
-                               self.root / "haproxy.out", cwd=self.root)
-        self.process.start()
-        deadline = time.monotonic() + self.start_timeout
-        while not port_answers(self.port):
-            if not self.process.alive() or time.monotonic() > deadline:
-                tail = self.process.tail(20)
-                self.stop()
-                raise RuntimeError(f"haproxy did not listen on {self.url}:\n{tail}")
-            time.sleep(0.05)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM: HAProxy's hard stop (SIGUSR1 would wait for every long poll)."""
-        if self.process is not None:
-            self.process.stop(timeout)
+        return self.launch([binary, "-db", "-f", str(conf)])

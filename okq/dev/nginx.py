@@ -109,9 +109,12 @@ http {{
 """
 
 
-class NginxServer(Server):
-    """nginx in the foreground on ``HOST:port`` in front of ``upstreams``; its
-    configuration, pid file, logs and temporary files are all in ``root``."""
+class Balancer(Server):
+    """A load balancer in the foreground on ``HOST:port`` in front of ``upstreams``,
+    its files in ``root``: ``start`` writes its configuration and hands ``launch``
+    its command line."""
+
+    name = "balancer"
 
     def __init__(self, root: Path, port: int, upstreams: Sequence[str],
                  start_timeout: float = 15.0) -> None:
@@ -126,33 +129,46 @@ class NginxServer(Server):
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def start(self) -> Self:
-        binary = nginx_binary()
-        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
-        conf = self.root / "nginx.conf"
-        conf.write_text(nginx_config(self.root, self.port, self.upstreams))
-        # -p: the prefix for anything relative; -c: our config, not /etc/nginx's.
-        argv = [binary, "-p", f"{self.root}/", "-c", str(conf)]
-        self.process = Process("nginx", argv, self.root / "nginx.out", cwd=self.root)
+    def launch(self, argv: list[str]) -> Self:
+        """Run ``argv`` and wait until the port answers (or fail with its log)."""
+        self.process = Process(self.name, argv, self.root / f"{self.name}.out", cwd=self.root)
         self.process.start()
         deadline = time.monotonic() + self.start_timeout
         while not port_answers(self.port):
             if not self.process.alive() or time.monotonic() > deadline:
                 tail = self.log_tail()
                 self.stop()
-                raise RuntimeError(f"nginx did not listen on {self.url}:\n{tail}")
+                raise RuntimeError(f"{self.name} did not listen on {self.url}:\n{tail}")
             time.sleep(0.05)
         return self
 
     def log_tail(self, lines: int = 20) -> str:
-        out = self.process.tail(lines) if self.process is not None else ""
+        return self.process.tail(lines) if self.process is not None else ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM: a fast shutdown for nginx and HAProxy alike (their graceful
+        ones would wait for every long poll)."""
+        if self.process is not None:
+            self.process.stop(timeout)
+
+
+class NginxServer(Balancer):
+    """nginx in the foreground on ``HOST:port`` in front of ``upstreams``; its
+    configuration, pid file, logs and temporary files are all in ``root``."""
+
+    name = "nginx"
+
+    def start(self) -> Self:
+        binary = nginx_binary()
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        conf = self.root / "nginx.conf"
+        conf.write_text(nginx_config(self.root, self.port, self.upstreams))
+        # -p: the prefix for anything relative; -c: our config, not /etc/nginx's.
+        return self.launch([binary, "-p", f"{self.root}/", "-c", str(conf)])
+
+    def log_tail(self, lines: int = 20) -> str:
+        out = super().log_tail(lines)
         errors = self.root / "error.log"
         if errors.exists():
             out += "\n" + "\n".join(errors.read_text(errors="replace").splitlines()[-lines:])
         return out
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM: nginx's fast shutdown (SIGQUIT would wait for every long poll)."""
-        if self.process is not None:
-            self.process.stop(timeout)
-
