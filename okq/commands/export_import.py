@@ -91,6 +91,34 @@ def _trim_torn_line(path: Path) -> None:
         path.write_bytes(data + b"\n")
 
 
+def _read_checkpoint(checkpoint: Path, digest: str, file: str, queue: str) -> int:
+    """The number of lines an earlier, interrupted import of this content produced (0:
+    none, or the checkpoint is of another content of the file). A checkpoint that
+    cannot be read is a ValueError, not a fresh start: the idempotency keys stop a second
+    copy only within the node's idempotency window, and after it a restart from line 1
+    would add every line already produced again."""
+    if not checkpoint.exists():
+        return 0
+    text = checkpoint.read_text(encoding="utf-8", errors="replace")
+    saved = text.split()
+    if len(saved) == 2 and len(saved[0]) == len(digest) and saved[1].isdigit():
+        return int(saved[1]) if saved[0] == digest else 0
+    raise ValueError(
+        f"the checkpoint {checkpoint} of an interrupted import of {file} into {queue} is "
+        f"unreadable ({text[:40]!r}), so how far that import got is unknown. Its items "
+        "carry idempotency keys: delete the checkpoint and rerun within the nodes' "
+        "idempotency window (--idem-window, 5 minutes by default) and nothing is produced "
+        f"twice; later, check what {queue} holds (okq items {queue}) before deleting it")
+
+
+def _write_checkpoint(checkpoint: Path, digest: str, line: int) -> None:
+    """Record that the lines up to ``line`` were produced; replaced atomically, so a
+    kill leaves the previous checkpoint or this one, never a torn file."""
+    from okq.store.file import atomic_write
+
+    atomic_write(checkpoint, f"{digest} {line}\n".encode())
+
+
 @click.command("import")
 @click.argument("queue")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
@@ -99,17 +127,16 @@ async def import_(ctx: Ctx, c: Client, queue: str, file: str) -> None:
     """Produce the items of a JSON Lines file (as written by export).
 
     Safe to run again after an interruption: a checkpoint file beside FILE
-    records the lines already produced, and every item carries an idempotency
-    key made of the file's hash and its line number.
+    records the lines already produced (replaced atomically, never torn), and
+    every item carries an idempotency key made of the file's hash and its line
+    number. A checkpoint that cannot be read stops the import: delete it to
+    start from the first line (the keys stop duplicates only within the nodes'
+    idempotency window, 5 minutes by default).
     """
     path = Path(file)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     checkpoint = path.with_name(path.name + f".okq-import-{queue}")
-    done = 0
-    if checkpoint.exists():
-        saved = checkpoint.read_text().split()
-        if len(saved) == 2 and saved[0] == digest and saved[1].isdigit():
-            done = int(saved[1])  # lines up to this one were produced by an earlier run
+    done = _read_checkpoint(checkpoint, digest, file, queue)
     lines = [(n, line) for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if line.strip()]
     todo = [(n, line) for n, line in lines if n > done]
@@ -125,7 +152,7 @@ async def import_(ctx: Ctx, c: Client, queue: str, file: str) -> None:
             items = [item for _, item in batch]
             await c.produce(queue, items)
             produced += len(items)
-            checkpoint.write_text(f"{digest} {batch[-1][0]}\n")
+            _write_checkpoint(checkpoint, digest, batch[-1][0])
             bar.advance(len(items))
     finally:
         bar.close()

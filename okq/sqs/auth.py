@@ -7,7 +7,9 @@ SHA-256), derives the signing key from the key's secret and compares signatures 
 constant time. A request dated more than 15 minutes from the node's clock is
 refused, as SQS refuses it, so that a captured request cannot be replayed later.
 
-A presigned URL carries the same signature in its query string (``X-Amz-Algorithm``,
+A presigned URL (a request without an ``Authorization`` header; with one, the request
+is header-signed and ``X-Amz-*`` query parameters are only parameters, under the
+header's signature) carries the same signature in its query string (``X-Amz-Algorithm``,
 ``X-Amz-Credential``, ``X-Amz-Date``, ``X-Amz-Expires``, ``X-Amz-SignedHeaders``,
 ``X-Amz-Signature``), over the query without ``X-Amz-Signature``; it is checked the
 same way, and is refused once ``X-Amz-Expires`` seconds have passed since its date
@@ -109,15 +111,14 @@ def verify(req: Signed, keys: Mapping[str, tuple[str, str]], *, unsigned_namespa
 
 
 def _signature(req: Signed) -> _Auth | None:
-    """The request's signature (None: unsigned); a request signed both ways, or with a
-    malformed signature, is IncompleteSignature."""
+    """The request's signature (None: unsigned); a malformed signature is
+    IncompleteSignature. A request with an Authorization header is header-signed,
+    whatever its query holds: its X-Amz-* query parameters are then parameters like
+    any other, covered by the header's signature. Only a request without that header
+    is read as a presigned URL."""
     header = req.headers.get("Authorization")
-    presigned = _presigned(req.raw_query)
-    if header is not None and presigned is not None:
-        raise SqsError("IncompleteSignature", "a request is signed either in its "
-                       "Authorization header or in its query string (X-Amz-*), not both")
     if header is None:
-        return presigned
+        return _presigned(req.raw_query)
     m = _AUTH.match(header.strip())
     if m is None:
         raise SqsError("IncompleteSignature", "the Authorization header is not "

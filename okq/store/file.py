@@ -137,7 +137,7 @@ class FileStore:
             if if_match is not None and self._current_etag(key, path) != if_match:
                 raise CASConflict(f"{key!r} changed", key=key)
             try:
-                _atomic_write(path, data)
+                atomic_write(path, data)
             except OSError as exc:
                 raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
         return etag_of(data)
@@ -206,7 +206,10 @@ class FileStore:
         return None
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: a crash at any point leaves the old content or
+    the new, never a torn one (a temporary file in the same folder, fsynced, renamed
+    over ``path``, then the folder fsynced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

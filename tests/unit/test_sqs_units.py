@@ -449,10 +449,31 @@ def test_verify_refuses_a_malformed_presigned_url(change: Any, code: str) -> Non
     assert refusal(changed(req, raw_query=change(req.raw_query))).code == code
 
 
-def test_verify_refuses_a_request_signed_both_ways() -> None:
+@pytest.mark.parametrize("params", [
+    {"X-Amz-Algorithm": "x"},
+    {"X-Amz-Algorithm": "AWS4-HMAC-SHA256", "X-Amz-Signature": "not-hex", "Action": "A"},
+    {"X-Amz-Credential": "", "X-Amz-Signature": "0" * 64, "X-Amz-Expires": "-1"},
+])
+def test_a_header_signed_request_with_x_amz_query_parameters_verifies(
+        params: dict[str, str]) -> None:
+    """With an Authorization header a request is header-signed (found by the fuzzer:
+    it was refused as a malformed presigned URL); its X-Amz-* query parameters are
+    parameters under the header's signature, so changing one is refused."""
+    req = botocore_signed(params=params)
+    assert verify(req, KEYS, unsigned_namespace=None) == Caller(AKID, "default")
+    edited = changed(req, raw_query=req.raw_query.replace("X-Amz-", "X-Amz-Other", 1))
+    assert refusal(edited).code == "SignatureDoesNotMatch"
+
+
+def test_a_presigned_url_with_an_authorization_header_is_checked_by_the_header() -> None:
+    """A header signature taken from another request does not sign the presigned URL,
+    and the URL's own signature in the query does not rescue it."""
     req = presigned()
-    header = botocore_signed().headers["Authorization"]
-    assert refusal(with_header(req, "Authorization", header)).code == "IncompleteSignature"
+    other = botocore_signed()
+    forged = changed(req, headers=other.headers)  # Authorization and what it signs
+    assert refusal(forged).code == "SignatureDoesNotMatch"
+    assert refusal(with_header(req, "Authorization", "AWS4-HMAC-SHA256 x")).code == \
+        "IncompleteSignature"
 
 
 def test_verify_needs_the_action_header_signed() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import resource
 import signal
 import subprocess
 import time
@@ -189,6 +190,54 @@ def test_import_ignores_a_checkpoint_of_another_file(cli: Cli, exported: Path,
     got = cli.js("import", "im-d", str(exported))
     assert (got["imported"], got["skipped"]) == (export_source["count"], 0)
     _assert_imported_once(cli.url, "im-d", export_source)
+
+
+def _import_with_file_size_limit(url: str, queue: str, path: Path) -> int:
+    """``okq import`` in a process that may write no file longer than 8 bytes, so its
+    first checkpoint write fails halfway, as on a full disk; its exit code."""
+    proc = subprocess.run(
+        [*OKQ, "import", queue, str(path)], capture_output=True, timeout=180,
+        env=env_for(url, {"PYTHONDONTWRITEBYTECODE": "1"}),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (8, 8)))
+    return proc.returncode
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(
+        cli: Cli, exported: Path, export_source: dict[str, Any]) -> None:
+    """The checkpoint is replaced atomically: a write that fails halfway leaves the
+    last one whole (truncate-then-write left it empty, and a rerun after the keys
+    expired produced lines 1 to 1,000 a second time)."""
+    make_queue(cli.url, "im-f")
+    _produce_lines_as_import_would(cli, exported, "im-f", 1000, keyed=False)
+    folder = cli.tmp / "im-f"
+    folder.mkdir()
+    copy = folder / exported.name
+    copy.write_bytes(exported.read_bytes())
+    checkpoint = _checkpoint(copy, "im-f")
+    before = f"{_import_digest(copy)} 1000\n"
+    checkpoint.write_text(before)
+    assert _import_with_file_size_limit(cli.url, "im-f", copy) != 0
+    assert checkpoint.read_text() == before
+    assert sorted(p.name for p in folder.iterdir()) == sorted([copy.name, checkpoint.name])
+    got = cli.js("import", "im-f", str(copy))
+    assert got["skipped"] == 1000
+    _assert_imported_once(cli.url, "im-f", export_source)
+
+
+@pytest.mark.parametrize("torn", ["", "0123456789ab", "0123456789abcdef 1"[:17]])
+def test_import_refuses_an_unreadable_checkpoint(cli: Cli, exported: Path, torn: str) -> None:
+    """How far the interrupted import got is unknown: the rerun stops and says so,
+    producing nothing, rather than start again from line 1."""
+    queue = f"im-g{len(torn)}"
+    make_queue(cli.url, queue)
+    checkpoint = _checkpoint(exported, queue)
+    checkpoint.write_text(torn)
+    try:
+        msg = cli.fails("import", queue, str(exported))
+    finally:
+        checkpoint.unlink(missing_ok=True)
+    assert str(checkpoint) in msg and "unreadable" in msg, msg
+    assert live(cli.url, queue) == []
 
 
 def test_import_killed_midway_then_rerun(cli: Cli, exported: Path,
