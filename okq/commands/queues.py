@@ -8,16 +8,18 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.live import Live
 
-from okq import wire as s
-from okq.client import Client
 from okq.commands.context import Ctx, emit, out, plain, run
 from okq.commands.items import browse
 from okq.commands.tables import info_table, items_table, stats_line, stats_table
+
+if TYPE_CHECKING:
+    from okq import wire as s
+    from okq.client import Client
 
 
 def queue_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
