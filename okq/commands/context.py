@@ -4,10 +4,8 @@ and progress bars."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
-import ssl
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -16,7 +14,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import Progress
 from rich.text import Text
 
 from okq.clock import assume_utc
@@ -43,6 +40,8 @@ class Ctx:
         return self.output == "json"
 
     def client(self) -> Client:
+        import ssl
+
         from okq.client import Client
 
         context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
@@ -67,6 +66,8 @@ def run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T | None]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        import asyncio
+
         from pydantic import ValidationError
 
         ctx: Ctx = click.get_current_context().find_object(Ctx)  # type: ignore[assignment]
@@ -151,6 +152,8 @@ class _NullProgress:
 
 class _RichProgress:
     def __init__(self, total: int | None, what: str) -> None:
+        from rich.progress import Progress
+
         self.p = Progress(console=err)
         self.p.start()
         self.task = self.p.add_task(what, total=total)

@@ -1,5 +1,6 @@
-"""``okq serve``: run a node. Loaded only for ``okq serve`` (and ``okq --help``): the
-other commands do not pay for the node's settings and server."""
+"""``okq serve``: run a node. Its flags (``okq.flags``: one per Settings field) and
+the node are loaded only when ``okq serve`` runs or shows its --help: ``okq --help``
+and the client commands do not pay for the node's settings and server."""
 
 from __future__ import annotations
 
@@ -8,21 +9,47 @@ import logging
 import signal
 import sys
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from aiohttp import web
 
 from okq.errors import OkqError
-from okq.flags import settings_from, settings_options
-from okq.settings import Settings
-from okq.store import exit_past_native_threads, open_store
+
+if TYPE_CHECKING:
+    from okq.settings import Settings
 
 
-@click.command()
-@settings_options()
+class _FlagsOnFirstUse(click.Command):
+    """A command whose flags are the node's settings (``okq.flags.settings_options``),
+    made when first asked for: ``okq --help`` lists the command without them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._params: list[click.Parameter] | None = None
+        super().__init__(*args, **kwargs)
+
+    @property
+    def params(self) -> list[click.Parameter]:
+        if self._params is None:
+            from okq.flags import settings_options
+
+            self._params = click.command()(settings_options()(_no_body)).params
+        return self._params
+
+    @params.setter
+    def params(self, value: list[click.Parameter]) -> None:
+        self._params = value or None  # click's constructor gives [] for "none yet"
+
+
+def _no_body(**flags: Any) -> None:
+    """Where settings_options puts the flags, to be taken from."""
+
+
+@click.command(cls=_FlagsOnFirstUse)
 def serve(**flags: Any) -> None:
     """Run an okq node: the lease API over HTTP."""
+    from okq.flags import settings_from
+    from okq.store import exit_past_native_threads
+
     settings = settings_from(flags)
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -41,15 +68,20 @@ def _exit_with_error(message: str) -> typing.NoReturn:
     native threads (a missing bucket, found by the start-up self-check, used to end
     in SIGABRT now and then when the interpreter finalised; see
     ``exit_past_native_threads``)."""
+    from okq.store import exit_past_native_threads
+
     click.echo(f"Error: {' '.join(message.split())}", err=True)
     exit_past_native_threads(1)
     sys.exit(1)
 
 
 async def run_node(settings: Settings) -> None:
+    from aiohttp import web
+
     from okq.server.app import create_app
     from okq.server.listener import listen
     from okq.server.state import advertise
+    from okq.store import open_store
 
     store = open_store(settings.store, endpoint_url=settings.endpoint_url,
                        timeout=settings.s3_timeout)
