@@ -4,7 +4,6 @@ and the client commands do not pay for the node's settings and server."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import sys
@@ -47,6 +46,8 @@ def _no_body(**flags: Any) -> None:
 @click.command(cls=_FlagsOnFirstUse)
 def serve(**flags: Any) -> None:
     """Run an okq node: the lease API over HTTP."""
+    import asyncio
+
     from okq.flags import settings_from
     from okq.store import exit_past_native_threads
 
@@ -76,6 +77,8 @@ def _exit_with_error(message: str) -> typing.NoReturn:
 
 
 async def run_node(settings: Settings) -> None:
+    import asyncio
+
     from aiohttp import web
 
     from okq.server.app import create_app
