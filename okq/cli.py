@@ -1,26 +1,18 @@
-"""The ``okq`` command line. ``okq serve`` starts a node."""
+"""The ``okq`` command line. ``okq serve`` starts a node (okq/commands/serve.py).
+
+Each command's module is imported when the command runs (``LazyGroup``): ``okq
+stats`` does not load the node, ``okq serve`` not the client.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import signal
-import sys
-import typing
-from typing import Any
-
 import click
-from aiohttp import web
 
-from okq.commands import Ctx, register
-from okq.commands.fleet import fleet
-from okq.errors import OkqError
-from okq.flags import settings_from, settings_options
-from okq.settings import Settings
-from okq.store import exit_past_native_threads, open_store
+from okq.commands import LazyGroup
+from okq.commands.context import Ctx
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="okq")
 @click.option("--url", envvar="OKQ_URL", default="http://127.0.0.1:7878", show_default=True,
               help="the node to talk to [env OKQ_URL]")
@@ -44,74 +36,6 @@ def main(ctx: click.Context, url: str, api_key: str | None, output: str,
     `okq serve` runs a node; the other commands talk to one.
     """
     ctx.obj = Ctx(url, api_key, output, timeout, namespace, ca_file)
-
-
-@main.command()
-@settings_options()
-def serve(**flags: Any) -> None:
-    """Run an okq node: the lease API over HTTP."""
-    settings = settings_from(flags)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    try:
-        asyncio.run(run_node(settings))
-    except (OkqError, ValueError, OSError) as exc:
-        _exit_with_error(str(exc))
-    exit_past_native_threads(0)  # everything is closed: see its docstring
-
-
-def _exit_with_error(message: str) -> typing.NoReturn:
-    """Say why the node could not run, in click's words, and exit with status 1: past
-    native threads (a missing bucket, found by the start-up self-check, used to end
-    in SIGABRT now and then when the interpreter finalised; see
-    ``exit_past_native_threads``)."""
-    click.echo(f"Error: {' '.join(message.split())}", err=True)
-    exit_past_native_threads(1)
-    sys.exit(1)
-
-
-async def run_node(settings: Settings) -> None:
-    from okq.server.app import create_app
-    from okq.server.listener import listen
-    from okq.server.state import advertise
-
-    store = open_store(settings.store, endpoint_url=settings.endpoint_url,
-                       timeout=settings.s3_timeout)
-    app = create_app(settings, store)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=30)
-    try:
-        await runner.setup()  # the store's self-check: a missing bucket fails here
-    except BaseException:
-        await store.close()  # nothing else was started; its connections were
-        raise
-    server = None
-    try:
-        server = await listen(runner, settings)
-        sockets = list(server.sockets or ())
-        port = sockets[0].getsockname()[1] if sockets else settings.port
-        scheme = "https" if settings.tls_cert else "http"
-        advertise(app, settings.host, port, scheme)
-        logging.getLogger("okq").info(
-            "okq listening on %s://%s:%s (store %s, namespace %s)",
-            scheme, settings.host, port, store.url, settings.namespace,
-        )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        logging.getLogger("okq").info("stopping: finishing in-flight requests")
-    finally:
-        if server is not None:
-            server.close()  # stop accepting
-        await runner.cleanup()  # finish requests, flush batches
-
-
-register(main)  # the commands that talk to a node: okq/commands/
-main.add_command(fleet)  # a local fleet: okq/dev/fleet.py
 
 
 if __name__ == "__main__":

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from okq.admit import Admission
-from okq.engine import Engine
-from okq.model import QueueConfig
-from okq.ops import Outputs, Retry
-from okq.publisher import NewItem
-from okq.service import QueueService
 from okq.wire import LeasedItemOut, leased_item_out, to_datetime
+
+if TYPE_CHECKING:  # EngineQueues' parts, imported where used: okq.client needs none of them
+    from okq.admit import Admission
+    from okq.engine import Engine
+    from okq.model import QueueConfig
+    from okq.service import QueueService
 
 
 class QueueSettings(Protocol):
@@ -75,6 +75,8 @@ class EngineQueues:
 
     def __init__(self, engine: Engine | QueueService,
                  admission: Admission | None = None) -> None:
+        from okq.service import QueueService
+
         self.service = engine if isinstance(engine, QueueService) \
             else QueueService(engine, admission)
 
@@ -95,12 +97,17 @@ class EngineQueues:
 
     async def complete_and_produce(self, queue: str, token: str, out_queue: str,
                                    items: Sequence[bytes]) -> list[str]:
+        from okq.ops import Outputs
+        from okq.publisher import NewItem
+
         outputs = Outputs(out_queue, [NewItem(i) for i in items])
         return await self.service.complete(queue, [token], outputs) or []
 
     async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
                     dead: bool = False, error: str | None = None,
                     count_attempt: bool = True) -> None:
+        from okq.ops import Retry
+
         at_ms = None if retry_at is None else int(retry_at.timestamp() * 1000)
         outcome = await self.service.retry(queue, [Retry(token, at_ms, dead, error,
                                                          count_attempt)])

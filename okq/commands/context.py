@@ -4,26 +4,23 @@ and progress bars."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
-import ssl
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from pydantic import BaseModel, ValidationError
 from rich.console import Console
-from rich.progress import Progress
 from rich.text import Text
 
-from okq import wire as s
-from okq.client import Client
 from okq.clock import assume_utc
 from okq.errors import OkqError, Unauthorized
+
+if TYPE_CHECKING:
+    from okq.client import Client
 
 T = TypeVar("T")
 BATCH = 500
@@ -43,6 +40,10 @@ class Ctx:
         return self.output == "json"
 
     def client(self) -> Client:
+        import ssl
+
+        from okq.client import Client
+
         context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
         return Client(self.url, timeout=self.timeout, api_key=self.api_key,
                       namespace=self.namespace, ssl=context)
@@ -65,6 +66,10 @@ def run(fn: Callable[..., Awaitable[T]]) -> Callable[..., T | None]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        import asyncio
+
+        from pydantic import ValidationError
+
         ctx: Ctx = click.get_current_context().find_object(Ctx)  # type: ignore[assignment]
 
         async def body() -> T:
@@ -98,6 +103,8 @@ def emit(ctx: Ctx, data: Any, text: Callable[[], None]) -> None:
 
 
 def plain(data: Any) -> Any:
+    from pydantic import BaseModel
+
     if isinstance(data, BaseModel):
         return data.model_dump(mode="json")
     if isinstance(data, list):
@@ -109,6 +116,8 @@ def plain(data: Any) -> Any:
 
 def when(value: str | None, field: str) -> datetime | None:
     """An RFC 3339 time, or +SECONDS from now."""
+    from okq import wire as s
+
     if value is None:
         return None
     try:
@@ -143,6 +152,8 @@ class _NullProgress:
 
 class _RichProgress:
     def __init__(self, total: int | None, what: str) -> None:
+        from rich.progress import Progress
+
         self.p = Progress(console=err)
         self.p.start()
         self.task = self.p.add_task(what, total=total)

@@ -7,14 +7,16 @@ import base64
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from okq import wire as s
-from okq.client import Client
 from okq.commands.context import BATCH, Ctx, batches, emit, out, progress, run
 from okq.commands.items import parse_jsonl_item
+
+if TYPE_CHECKING:
+    from okq import wire as s
+    from okq.client import Client
 
 
 def _export_record(i: s.ItemOut) -> dict[str, Any]:

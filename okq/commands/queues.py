@@ -3,21 +3,21 @@ stats [--watch], dead list|redrive."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.live import Live
 
-from okq import wire as s
-from okq.client import Client
 from okq.commands.context import Ctx, emit, out, plain, run
 from okq.commands.items import browse
 from okq.commands.tables import info_table, items_table, stats_line, stats_table
+
+if TYPE_CHECKING:
+    from okq import wire as s
+    from okq.client import Client
 
 
 def queue_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,6 +96,10 @@ async def queues_delete(ctx: Ctx, c: Client, name: str) -> None:
 async def stats(ctx: Ctx, c: Client, queues_: tuple[str, ...], watch: bool,
                 interval: float) -> None:
     """Counts by state: a readable table, or JSON."""
+    import asyncio
+
+    from rich.live import Live
+
     rows = [await c.stats(q) for q in queues_]
     if not watch:
         emit(ctx, rows, lambda: out.print(stats_table(rows)))
@@ -125,6 +129,8 @@ async def _watch_lines(c: Client, queues_: tuple[str, ...], rows: list[s.StatsRe
                        interval: float) -> None:
     """``stats --watch`` when stdout is not a terminal: rich's live table draws
     nothing there, so each refresh prints its lines and flushes them at once."""
+    import asyncio
+
     try:
         while True:
             for r in rows:

@@ -4,10 +4,13 @@ queues, counts and items."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from okq import wire as s
+if TYPE_CHECKING:
+    from okq import wire as s
+
 
 
 def show_payload(item: s.LeasedItemOut | s.ItemOut) -> str:
