@@ -15,10 +15,9 @@ import math
 import signal
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -32,6 +31,9 @@ from okq.runtime import EngineOptions, Runtime
 from okq.settings import Settings
 from okq.store import CountingStore, Store, exit_past_native_threads, open_store
 from okq.store.selfcheck import check_conditional_writes
+
+if TYPE_CHECKING:  # aiohttp's server is loaded only when metrics are served
+    from aiohttp import web
 
 log = logging.getLogger("okq.compactor")
 
@@ -248,6 +250,8 @@ async def namespaces(store: Store) -> list[str]:
 
 
 async def _serve_metrics(metrics: Metrics, host: str, port: int) -> web.AppRunner:
+    from aiohttp import web
+
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry),
                             content_type="text/plain", charset="utf-8")
