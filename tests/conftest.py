@@ -16,6 +16,7 @@ times to the controller for the summary.
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -36,6 +37,15 @@ from okq.store import (
 from tests.engines import make_engine
 from tests.servers import BUCKET, MotoServer, SeaweedServer, ensure_dummy_credentials
 from tests.stores import ALL_STORES, ATOMIC_STORES, OBSTORE_STORES, S3_STORES, StoreFactory
+
+# Tests that press Ctrl-C on a child (okq stats --watch, the README's worker)
+# need it to get SIGINT as from a terminal. A shell that runs the suite in the
+# background without job control (`.ci/run &` in a script) starts it with SIGINT
+# ignored, and every child would inherit that: Python then installs no
+# KeyboardInterrupt for it. A handler here (not "ignore") is reset to the default
+# in every process the tests start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: Start-up times of the servers this session started, for the summary.
 _STARTUP: dict[str, float] = {}
