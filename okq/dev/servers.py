@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -31,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+log = logging.getLogger("okq.dev")
 
 HOST = "127.0.0.1"
 GRPC_OFFSET = 10000
@@ -267,6 +270,12 @@ def weed_binary() -> str:
     return found
 
 
+#: Starts of SeaweedFS on fresh ports when one was taken meanwhile.
+PORT_TRIES = 3
+#: What weed says then: its own check of a port before it starts, or the bind.
+PORT_TAKEN = ("address already in use", "is not available on")
+
+
 class SeaweedServer(Server):
     """``weed mini`` on loopback with ``bucket`` ready.
 
@@ -321,7 +330,22 @@ class SeaweedServer(Server):
         return {k: v for k, v in os.environ.items() if k not in drop}
 
     def start(self, *, keep_ports: bool = False) -> Self:
-        """Start ``weed mini`` on free ports (``keep_ports``: on those of the last start)."""
+        """Start ``weed mini`` on free ports (``keep_ports``: on those of the last start).
+
+        A free port may be taken by another process before weed binds it (it picks
+        them after we do): when weed says so (``PORT_TAKEN``) it starts again on
+        fresh ports, at most ``PORT_TRIES`` times."""
+        tries = 1 if keep_ports else PORT_TRIES
+        for attempt in range(1, tries + 1):
+            try:
+                return self._start(keep_ports=keep_ports)
+            except RuntimeError as exc:
+                if attempt == tries or not any(m in str(exc) for m in PORT_TAKEN):
+                    raise
+                log.warning("SeaweedFS found a port taken: starting it on fresh ports")
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _start(self, *, keep_ports: bool) -> Self:
         began = time.monotonic()
         root = self.root
         if root is None:
