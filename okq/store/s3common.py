@@ -5,13 +5,17 @@ connection in :meth:`S3Common._open`; errors are worded by s3errors.py."""
 
 from __future__ import annotations
 
+import abc
+
 from okq.errors import CASConflict, ObjectNotFound
 from okq.store.base import DEFAULT_S3_TIMEOUT, ObjectInfo, split_s3_url, validate_key
 
 DEFAULT_REGION = "us-east-1"
 
 
-class S3Common:
+class S3Common(abc.ABC):
+    """The part of an S3 store that does not depend on its client library."""
+
     def __init__(
         self,
         url: str,
@@ -31,9 +35,9 @@ class S3Common:
         self.region = region or DEFAULT_REGION
         self._open(pool_size, timeout)
 
+    @abc.abstractmethod
     def _open(self, pool_size: int, timeout: float) -> None:
         """Set up the client's connection (lazily or not); called once, last."""
-        raise NotImplementedError
 
     def _key(self, key: str) -> str:
         """An okq key's full name in the bucket (refused if it could escape)."""
@@ -43,8 +47,9 @@ class S3Common:
     def _unkey(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
+    @abc.abstractmethod
     async def head(self, key: str) -> ObjectInfo:
-        raise NotImplementedError
+        """The object's size and ETag (the store protocol's ``head``)."""
 
     async def _check_etag(self, key: str, if_match: str) -> None:
         """The check before a conditional DELETE (not every server honours If-Match
