@@ -20,7 +20,7 @@ this in each. Under valgrind a node is about 50 times slower: a run takes one
 to three minutes.
 
     python benchmarks/bench_node_instructions.py [--messages 2000] [--store file|memory]
-        [--client]
+        [--batch 100] [--client]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 from okq.client import Client
 from okq.dev.servers import free_port
 
-BATCH = 100
+BATCH = 100  # --batch
 PAYLOAD = b"x" * 1024
 KEYS = "bench-signing-key-0123456789abcdef"
 PHASES = ("produce", "lease+complete")
@@ -113,14 +113,18 @@ def callgrind(out: Path, argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    global BATCH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--store", choices=("file", "memory"), default="file")
+    parser.add_argument("--batch", type=int, default=BATCH,
+                        help="messages per produce and per lease (default 100)")
     parser.add_argument("--client", action="store_true",
                         help="count the client's instructions too (the driver under callgrind)")
     parser.add_argument("--url", help=argparse.SUPPRESS)  # the driver's own run
     parser.add_argument("--node-pid", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    BATCH = args.batch
     args.messages -= args.messages % BATCH
     if args.url:  # the driver, itself under callgrind
         asyncio.run(drive(args.url, args.messages, args.node_pid, os.getpid()))
@@ -144,6 +148,7 @@ def main() -> None:
             if args.client:
                 subprocess.run(callgrind(client_out, [
                     sys.executable, __file__, "--messages", str(args.messages), "--url", url,
+                    "--batch", str(BATCH),
                     "--node-pid", str(node.pid)]), check=True, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL)
             else:
