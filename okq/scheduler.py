@@ -32,14 +32,14 @@ from okq.model import (
     fresh_ready_ms,
     new_request_id,
 )
-from okq.tokens import Delivery, TokenSigner
+from okq.tokens import TokenSigner
 
 if TYPE_CHECKING:
     from okq.finishers import Finishers
     from okq.runtime import QueueRuntime, Runtime
 
 
-@dataclass
+@dataclass(slots=True)
 class LeasedItem:
     id: str
     queue: str
@@ -302,24 +302,22 @@ class Scheduler:
         seg = await self.rt.segment(q, sm)
         for idx in dead:
             q.stalled[(sm.id, idx)] = sm  # moved to the dead-letter queue after the lock
-        items = [self._leased_item(q.name, sm, seg, x) for x in leased]
-        return items, len(dead), held_back
+        return _leased_items(self.signer, self.rt.ns, q.name, sm, seg, leased), len(dead), held_back
 
-    def _leased_item(self, queue: str, sm: SegmentMeta, seg: Segment, x: tr.Leased) -> LeasedItem:
-        item = seg.items[x.index]
-        token = self.signer.sign(Delivery(self.rt.ns, queue, sm.id, x.index, x.v))
-        return LeasedItem(
-            id=item_id(sm.id, x.index),
-            queue=queue,
-            token=token,
-            attempts=x.attempts,
-            lease_deadline_ms=x.deadline_ms,
-            payload=item.payload,
-            produced_ms=item.born_ms or sm.created_ms,
-            enqueue_at_ms=item.enqueue_at_ms,
-            meta=item.meta,
-            first_leased_ms=x.first_ms,
-        )
+
+def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg: Segment,
+                  leased: list[tr.Leased]) -> list[LeasedItem]:
+    """What a lease hands out for ``leased`` items of one segment, tokens signed."""
+    tokens = signer.sign_many(ns, queue, sm.id, [(x.index, x.v) for x in leased])
+    items = seg.items
+    out = []
+    for x, token in zip(leased, tokens, strict=True):
+        item = items[x.index]
+        # Positional, in the field order: a lease of 100 makes 100 of these.
+        out.append(LeasedItem(item_id(sm.id, x.index), queue, token, x.attempts,
+                              x.deadline_ms, item.payload, item.born_ms or sm.created_ms,
+                              item.enqueue_at_ms, item.meta, x.first_ms))
+    return out
 
 
 _SCAN_ORDER: dict[tuple[str, int, str], list[SegmentMeta]] = {}

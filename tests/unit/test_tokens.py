@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 
 import msgpack
 import pytest
@@ -54,6 +56,28 @@ def test_round_trip_any_delivery(ns: str, queue: str, segment: str, index: int, 
     token = s.sign(d)
     assert all(c.isascii() and (c.isalnum() or c in "-_.") for c in token)
     assert s.verify(token, ns) == d
+
+
+@given(
+    ns=st.text(min_size=1, max_size=30),
+    queue=st.text(max_size=30),
+    segment=st.text(max_size=30),
+    deliveries=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+                        max_size=20),
+)
+def test_sign_many_spells_each_token_as_the_documented_layout(
+        ns: str, queue: str, segment: str, deliveries: list[tuple[int, int]]) -> None:
+    """A batch's tokens, their shared head packed once, are byte for byte the
+    layout of the module docstring (what nodes of every version verify), and each
+    verifies on another node, which has no memory of minting it."""
+    tokens = TokenSigner([K1]).sign_many(ns, queue, segment, deliveries)
+    other = TokenSigner([K1])
+    assert len(tokens) == len(deliveries)
+    for token, (index, v) in zip(tokens, deliveries, strict=True):
+        body, mac = token.split(".")
+        assert unb64(body) == msgpack.packb([key_id(K1), ns, queue, segment, index, v])
+        assert unb64(mac) == hmac.new(K1, unb64(body), hashlib.sha256).digest()[:16]
+        assert other.verify(token, ns) == Delivery(ns, queue, segment, index, v)
 
 
 def test_field_name_is_used_in_errors() -> None:
