@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import builtins
 from datetime import datetime
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 import msgspec
 
@@ -61,28 +61,32 @@ _LEASE: dict[str, msgspec.msgpack.Decoder[_LeaseReply] | msgspec.json.Decoder[_L
     "json": msgspec.json.Decoder(_LeaseReply),
 }
 _PRODUCE = msgspec.msgpack.Decoder(_ProduceReply)
-#: Every field of LeasedItemOut is set on every item, as validation would have it.
-_FIELDS = frozenset(LeasedItemOut.model_fields)
-_COUNT = len(_FIELDS)
+#: LeasedItemOut's fields in their order: every one is set on every item, as
+#: validation would have it, and in this order (the JSON of ``model_dump_json``).
+_ORDER = tuple(LeasedItemOut.model_fields)
 _new = LeasedItemOut.__new__
 _set = object.__setattr__
 
 
-def _leased_item(fields: _Item) -> LeasedItemOut:
+def _leased_item(fields: dict[str, Any]) -> LeasedItemOut:
     """``LeasedItemOut`` from checked values, as ``model_construct`` makes one (the
-    values as its ``__dict__``, every field set, no extra, no private attributes) but
-    without its per-field loop: the values were checked as they were decoded."""
-    if fields.get("utf8") is None:  # a msgpack reply carries the payload once, as bytes
+    values as its ``__dict__``, in the model's order, every field set, no extra, no
+    private attributes) but without its per-field loop: the values were checked as
+    they were decoded."""
+    utf8 = fields.get("utf8")
+    if utf8 is None:  # a msgpack reply carries the payload once, as bytes
         try:
-            fields["utf8"] = fields["bytes"].decode()
+            utf8 = fields["bytes"].decode()
         except UnicodeDecodeError:
-            fields["utf8"] = None
-    if len(fields) != _COUNT:  # a reply that left out enqueue_at or meta: their defaults
-        fields.setdefault("enqueue_at", None)
-        fields.setdefault("meta", None)
+            utf8 = None
+    meta = fields.pop("meta", None)  # the node's order, with utf8 before meta
+    fields["utf8"] = utf8
+    fields["meta"] = meta
+    if tuple(fields) != _ORDER:  # another order, or enqueue_at left out (None)
+        fields = {name: fields.get(name) for name in _ORDER}
     item = _new(LeasedItemOut)
     _set(item, "__dict__", fields)
-    _set(item, "__pydantic_fields_set__", set(_FIELDS))
+    _set(item, "__pydantic_fields_set__", set(_ORDER))
     _set(item, "__pydantic_extra__", None)
     _set(item, "__pydantic_private__", None)
     return item
@@ -92,7 +96,8 @@ def leased_items(raw: bytes, kind: str = "msgpack") -> list[LeasedItemOut]:
     """The items of a ``queue.lease`` reply body (``kind`` msgpack or json), each with
     ``utf8`` filled in when its payload is UTF-8; ``msgspec.DecodeError`` for a body
     that is not a lease reply."""
-    return [_leased_item(i) for i in _LEASE[kind].decode(raw).items]
+    items = _LEASE[kind].decode(raw).items
+    return [_leased_item(cast(dict[str, Any], i)) for i in items]
 
 
 def produced_ids(raw: bytes) -> list[str]:
