@@ -209,8 +209,8 @@ class FakeSession:
     def __init__(self) -> None:
         self.replies = Replies()
 
-    def post(self, url: str, *, data: bytes, **_: Any) -> FakeResponse:
-        path = url.rsplit("/", 1)[1]
+    def post(self, url: object, *, data: bytes, **_: Any) -> FakeResponse:
+        path = str(url).rsplit("/", 1)[1]
         body = msgpack.unpackb(data) if path in ("queue.lease", "queue.complete") else {}
         return FakeResponse(self.replies.answer(path, body))
 

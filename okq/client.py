@@ -28,6 +28,7 @@ import aiohttp
 import msgpack
 import msgspec
 from pydantic import BaseModel
+from yarl import URL
 
 from okq import replies
 from okq import wire as s
@@ -130,6 +131,10 @@ class Client:
         self.timeout = timeout
         self._session = session
         self._own = session is None
+        # What every call sends alike, made once: its URL, headers and timeout.
+        self._urls: dict[str, URL] = {}
+        self._headers: tuple[tuple[str | None, str | None], dict[str, str]] | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     async def __aenter__(self) -> Client:
         return self
@@ -147,6 +152,7 @@ class Client:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=100, ssl=self.ssl or True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                cookie_jar=aiohttp.DummyCookieJar(),  # okq sets none: none to keep or send
             )
         return self._session
 
@@ -189,15 +195,9 @@ class Client:
     async def _call_once(self, path: str, body: dict[str, Any], read: Callable[[bytes], T],
                          wait: float) -> T:
         data = msgpack.packb(body, use_bin_type=True, datetime=True)
-        headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        if self.namespace:
-            headers["X-Okq-Namespace"] = self.namespace
-        timeout = aiohttp.ClientTimeout(total=self.timeout + wait)
         try:
-            async with self._http().post(f"{self.url}/v1/{path}", data=data, headers=headers,
-                                         timeout=timeout) as resp:
+            async with self._http().post(self._url(path), data=data, headers=self._made_headers(),
+                                         timeout=self._timeout(wait)) as resp:
                 raw = await resp.read()
                 status = resp.status
                 retry_after = resp.headers.get("Retry-After")
@@ -218,6 +218,34 @@ class Client:
             return read(raw)
         except _NotAReply:
             raise self._not_okq(status, "a reply that is not an okq reply") from None
+
+    def _url(self, path: str) -> URL:
+        text = f"{self.url}/v1/{path}"
+        url = self._urls.get(text)
+        if url is None:  # parsed once a path (and url: it may have been changed)
+            url = self._urls[text] = URL(text)
+        return url
+
+    def _made_headers(self) -> dict[str, str]:
+        """The headers of a call, made again only when the key or namespace changed."""
+        who = (self.api_key, self.namespace)
+        if self._headers is None or self._headers[0] != who:
+            headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            if self.namespace:
+                headers["X-Okq-Namespace"] = self.namespace
+            self._headers = (who, headers)
+        return self._headers[1]
+
+    def _timeout(self, wait: float) -> aiohttp.ClientTimeout:
+        total = self.timeout + wait
+        timeout = self._timeouts.get(total)
+        if timeout is None:
+            if len(self._timeouts) > 64:  # many long-poll lengths: keep a few
+                self._timeouts.clear()
+            timeout = self._timeouts[total] = aiohttp.ClientTimeout(total=total)
+        return timeout
 
     def _not_okq(self, status: int, what: str) -> OkqError:
         """The reply of something that is not an okq node (a wrong URL or port), or of a

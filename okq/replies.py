@@ -68,36 +68,35 @@ _new = LeasedItemOut.__new__
 _set = object.__setattr__
 
 
-def _leased_item(fields: dict[str, Any]) -> LeasedItemOut:
-    """``LeasedItemOut`` from checked values, as ``model_construct`` makes one (the
-    values as its ``__dict__``, in the model's order, every field set, no extra, no
-    private attributes) but without its per-field loop: the values were checked as
-    they were decoded."""
-    utf8 = fields.get("utf8")
-    if utf8 is None:  # a msgpack reply carries the payload once, as bytes
-        try:
-            utf8 = fields["bytes"].decode()
-        except UnicodeDecodeError:
-            utf8 = None
-    meta = fields.pop("meta", None)  # the node's order, with utf8 before meta
-    fields["utf8"] = utf8
-    fields["meta"] = meta
-    if tuple(fields) != _ORDER:  # another order, or enqueue_at left out (None)
-        fields = {name: fields.get(name) for name in _ORDER}
-    item = _new(LeasedItemOut)
-    _set(item, "__dict__", fields)
-    _set(item, "__pydantic_fields_set__", set(_ORDER))
-    _set(item, "__pydantic_extra__", None)
-    _set(item, "__pydantic_private__", None)
-    return item
-
-
 def leased_items(raw: bytes, kind: str = "msgpack") -> list[LeasedItemOut]:
     """The items of a ``queue.lease`` reply body (``kind`` msgpack or json), each with
     ``utf8`` filled in when its payload is UTF-8; ``msgspec.DecodeError`` for a body
-    that is not a lease reply."""
-    items = _LEASE[kind].decode(raw).items
-    return [_leased_item(cast(dict[str, Any], i)) for i in items]
+    that is not a lease reply.
+
+    Each is built as ``model_construct`` builds a model (its checked values as its
+    ``__dict__``, in the model's order, every field set, no extra, no private
+    attributes), without its per-field loop: the values were checked as they were
+    decoded. One loop, no call per item: this is the client's hottest code."""
+    items = []
+    for fields in cast(list[dict[str, Any]], _LEASE[kind].decode(raw).items):
+        utf8 = fields.get("utf8")
+        if utf8 is None:  # a msgpack reply carries the payload once, as bytes
+            try:
+                utf8 = fields["bytes"].decode()
+            except UnicodeDecodeError:
+                utf8 = None
+        meta = fields.pop("meta", None)  # the node's order, with utf8 before meta
+        fields["utf8"] = utf8
+        fields["meta"] = meta
+        if tuple(fields) != _ORDER:  # another order, or enqueue_at left out (None)
+            fields = {name: fields.get(name) for name in _ORDER}
+        item = _new(LeasedItemOut)
+        _set(item, "__dict__", fields)
+        _set(item, "__pydantic_fields_set__", set(_ORDER))
+        _set(item, "__pydantic_extra__", None)
+        _set(item, "__pydantic_private__", None)
+        items.append(item)
+    return items
 
 
 def produced_ids(raw: bytes) -> list[str]:
