@@ -15,8 +15,8 @@ no node answering, overload, the store failing) never stops it: it waits with
 exponential backoff and goes on, at start as while running. The Python worker and ``okq work``
 (``okq.shellwork``) both run on it. A handler finishes its item by how it ends:
 
-- returns ``None``: the item is completed (items that finish while a completion is
-  in flight are completed together, in one call);
+- returns ``None``: the item is completed (items whose handlers return in the same
+  turn of the event loop are completed together, in one call);
 - returns ``Outputs(queue, items)``: completed, and ``items`` produced to
   ``queue`` in the same step (they appear if and only if the completion commits);
 - raises ``Failed(error)``: retried after a backoff, ``error`` recorded as it is;
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
-from okq.batcher import Batcher
+from okq.batcher import TurnBatcher
 from okq.errors import InvalidRequest, LeaseLost, OkqError, TooLarge
 from okq.retrying import jittered, retryable
 from okq.wire import LeasedItemOut
@@ -201,10 +201,9 @@ class Worker:
         self._stop = asyncio.Event()
         self._running: dict[asyncio.Task[None], LeasedItemOut] = {}
         self._fatal: BaseException | None = None
-        #: items finished while a completion is in flight are completed together next
-        self._completions: Batcher[str, None] = Batcher(
-            self._complete_tokens, name="okq-worker-complete",
-            take=lambda waiting: min(len(waiting), self.concurrency))
+        #: items finished in one turn of the event loop are completed in one call
+        self._completions: TurnBatcher[str, None] = TurnBatcher(
+            self._complete_tokens, name="okq-worker-complete", size=lambda: self.concurrency)
 
     @property
     def completed(self) -> int:
