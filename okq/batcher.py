@@ -1,4 +1,6 @@
-"""Group commit: what is submitted while a batch is in flight goes in the next one.
+"""Group commit: what is submitted while a batch is in flight goes in the next one
+(``Batcher``), or what is submitted in one turn of the event loop goes together
+(``TurnBatcher``).
 
 One :class:`Batcher` serves every writer that gathers work into one store write:
 the cells (many changes, one conditional PUT) and the publisher (many produce
@@ -81,3 +83,62 @@ class Batcher(Generic[T, R]):
         """Wait for the batch in flight and those queued behind it."""
         if self._task is not None and not self._task.done():
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+class TurnBatcher(Generic[T, R]):
+    """What is submitted in one turn of the event loop goes in one batch, sent at the
+    end of that turn; unlike ``Batcher``, a batch never waits for another in flight,
+    so nothing is later than it would be alone. ``size`` caps a batch (asked at each
+    turn); ``process`` is as for ``Batcher``."""
+
+    def __init__(
+        self,
+        process: Callable[[list[T]], Awaitable[list[R | BaseException]]],
+        *,
+        name: str,
+        size: Callable[[], int],
+    ) -> None:
+        self.process = process
+        self.name = name
+        self.size = size
+        self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, item: T) -> R:
+        loop = asyncio.get_running_loop()
+        if not self._pending:
+            loop.call_soon(self._flush)
+        fut: asyncio.Future[R] = loop.create_future()
+        self._pending.append((item, fut))
+        return await fut
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        n = max(1, self.size())
+        for start in range(0, len(pending), n):
+            task = asyncio.create_task(self._send(pending[start:start + n]), name=self.name)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self.process([item for item, _ in batch])
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, fut), result in zip(batch, results, strict=True):
+            if fut.done():  # its caller was cancelled
+                continue
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+    async def close(self) -> None:
+        """Wait for the batches in flight."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -26,8 +26,11 @@ from typing import Any, TypeGuard, TypeVar
 
 import aiohttp
 import msgpack
+import msgspec
 from pydantic import BaseModel
+from yarl import URL
 
+from okq import replies
 from okq import wire as s
 from okq.errors import BY_CODE, OkqError, OutcomeUnknown, Overloaded, QueueExists, Unavailable
 from okq.retrying import DEFAULT_BACKOFF, Backoff, maybe_done, retryable
@@ -57,7 +60,44 @@ def _repeatable(path: str, body: dict[str, Any]) -> bool:
     return path in REPEATABLE
 
 
+class _NotAReply(Exception):
+    """A 2xx body that is not the reply okq gives (the client names the culprit)."""
+
+
+def _unpacked(raw: bytes) -> Any:
+    try:
+        return msgpack.unpackb(raw, raw=False) if raw else None
+    except Exception:
+        return None
+
+
+def _validated(model: type[M]) -> Callable[[bytes], M]:
+    """A reader of a reply body as ``model``."""
+    def read(raw: bytes) -> M:
+        decoded = _unpacked(raw)
+        if not isinstance(decoded, dict):
+            raise _NotAReply
+        return model.model_validate(decoded)
+    return read
+
+
+def _checked(read: Callable[[bytes], T]) -> Callable[[bytes], T]:
+    """``read``, with a body that it cannot decode as a reply it does not know."""
+    def checked(raw: bytes) -> T:
+        try:
+            return read(raw)
+        except msgspec.DecodeError:
+            raise _NotAReply from None
+    return checked
+
+
+_leased_items = _checked(replies.leased_items)
+_produced_ids = _checked(replies.produced_ids)
+
+
 def _item(value: Item) -> dict[str, Any]:
+    if type(value) is bytes:
+        return {"bytes": value}
     if isinstance(value, s.ProduceItem):
         return value.model_dump(exclude_none=True)
     if isinstance(value, str):
@@ -91,6 +131,10 @@ class Client:
         self.timeout = timeout
         self._session = session
         self._own = session is None
+        # What every call sends alike, made once: its URL, headers and timeout.
+        self._urls: dict[str, URL] = {}
+        self._headers: tuple[tuple[str | None, str | None], dict[str, str]] | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     async def __aenter__(self) -> Client:
         return self
@@ -108,6 +152,7 @@ class Client:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=100, ssl=self.ssl or True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                cookie_jar=aiohttp.DummyCookieJar(),  # okq sets none: none to keep or send
             )
         return self._session
 
@@ -116,15 +161,20 @@ class Client:
         """POST a msgpack body to ``/v1/{path}``; parse the reply as ``model``. A
         retryable failure is tried again (see the module docstring); ``repeatable``
         says whether the call is harmless to send twice (default: by ``path``)."""
-        safe = _repeatable(path, body) if repeatable is None else repeatable
+        return await self._call(path, body, _validated(model), wait, repeatable)
+
+    async def _call(self, path: str, body: dict[str, Any], read: Callable[[bytes], T],
+                    wait: float = 0.0, repeatable: bool | None = None) -> T:
+        """``call``, with the reply body read by ``read``."""
         tries = 0
         while True:
             tries += 1
             try:
-                return await self._call_once(path, body, model, wait)
+                return await self._call_once(path, body, read, wait)
             except OkqError as exc:
                 if not retryable(exc) or tries >= self.backoff.attempts:
                     raise
+                safe = _repeatable(path, body) if repeatable is None else repeatable
                 if maybe_done(exc) and not safe:
                     raise self._unknown(path, body, exc) from exc
                 delay = self.backoff.delay(tries, exc)
@@ -142,18 +192,12 @@ class Client:
         log.warning("%s", message)
         return OutcomeUnknown(message, url=self.url, status=exc.details.get("status"))
 
-    async def _call_once(self, path: str, body: dict[str, Any], model: type[M],
-                         wait: float) -> M:
+    async def _call_once(self, path: str, body: dict[str, Any], read: Callable[[bytes], T],
+                         wait: float) -> T:
         data = msgpack.packb(body, use_bin_type=True, datetime=True)
-        headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        if self.namespace:
-            headers["X-Okq-Namespace"] = self.namespace
-        timeout = aiohttp.ClientTimeout(total=self.timeout + wait)
         try:
-            async with self._http().post(f"{self.url}/v1/{path}", data=data, headers=headers,
-                                         timeout=timeout) as resp:
+            async with self._http().post(self._url(path), data=data, headers=self._made_headers(),
+                                         timeout=self._timeout(wait)) as resp:
                 raw = await resp.read()
                 status = resp.status
                 retry_after = resp.headers.get("Retry-After")
@@ -166,16 +210,42 @@ class Client:
             what = str(exc) or type(exc).__name__
             raise Unavailable(f"no answer from okq at {self.url}: {what}",
                               url=self.url) from exc
-        try:
-            decoded = msgpack.unpackb(raw, raw=False) if raw else None
-        except Exception:
-            decoded = None
         if status >= 400:
+            decoded = _unpacked(raw)
             raise _error(status, decoded, retry_after) if _is_error_body(decoded) \
                 else self._not_okq(status, "no okq error body")
-        if not isinstance(decoded, dict):
-            raise self._not_okq(status, "a reply that is not an okq reply")
-        return model.model_validate(decoded)
+        try:
+            return read(raw)
+        except _NotAReply:
+            raise self._not_okq(status, "a reply that is not an okq reply") from None
+
+    def _url(self, path: str) -> URL:
+        text = f"{self.url}/v1/{path}"
+        url = self._urls.get(text)
+        if url is None:  # parsed once a path (and url: it may have been changed)
+            url = self._urls[text] = URL(text)
+        return url
+
+    def _made_headers(self) -> dict[str, str]:
+        """The headers of a call, made again only when the key or namespace changed."""
+        who = (self.api_key, self.namespace)
+        if self._headers is None or self._headers[0] != who:
+            headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            if self.namespace:
+                headers["X-Okq-Namespace"] = self.namespace
+            self._headers = (who, headers)
+        return self._headers[1]
+
+    def _timeout(self, wait: float) -> aiohttp.ClientTimeout:
+        total = self.timeout + wait
+        timeout = self._timeouts.get(total)
+        if timeout is None:
+            if len(self._timeouts) > 64:  # many long-poll lengths: keep a few
+                self._timeouts.clear()
+            timeout = self._timeouts[total] = aiohttp.ClientTimeout(total=total)
+        return timeout
 
     def _not_okq(self, status: int, what: str) -> OkqError:
         """The reply of something that is not an okq node (a wrong URL or port), or of a
@@ -189,7 +259,7 @@ class Client:
     # -- items ---------------------------------------------------------------
     async def produce(self, queue: str, items: Sequence[Item]) -> list[str]:
         body = {"queue_name": queue, "items": [_item(i) for i in items]}
-        return (await self.call("queue.produce", body, s.ProduceResponse)).ids
+        return await self._call("queue.produce", body, _produced_ids)
 
     async def lease(self, queue: str, batch_size: int = 1, *, lease_timeout: float | None = None,
                     request_timeout: float = 0.0) -> list[s.LeasedItemOut]:
@@ -197,11 +267,7 @@ class Client:
                                 "request_timeout": request_timeout}
         if lease_timeout is not None:
             body["lease_timeout"] = lease_timeout
-        reply = await self.call("queue.lease", body, s.LeaseResponse, wait=request_timeout)
-        for item in reply.items:  # a msgpack reply carries the payload once, as bytes
-            if item.utf8 is None:
-                item.utf8 = s.utf8_or_none(item.bytes)
-        return reply.items
+        return await self._call("queue.lease", body, _leased_items, request_timeout)
 
     async def renew(self, queue: str, token: str, lease_timeout: float | None = None) -> datetime:
         body: dict[str, Any] = {"queue_name": queue, "token": token}

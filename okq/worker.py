@@ -15,7 +15,8 @@ no node answering, overload, the store failing) never stops it: it waits with
 exponential backoff and goes on, at start as while running. The Python worker and ``okq work``
 (``okq.shellwork``) both run on it. A handler finishes its item by how it ends:
 
-- returns ``None``: the item is completed;
+- returns ``None``: the item is completed (items whose handlers return in the same
+  turn of the event loop are completed together, in one call);
 - returns ``Outputs(queue, items)``: completed, and ``items`` produced to
   ``queue`` in the same step (they appear if and only if the completion commits);
 - raises ``Failed(error)``: retried after a backoff, ``error`` recorded as it is;
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 
+from okq.batcher import TurnBatcher
 from okq.errors import InvalidRequest, LeaseLost, OkqError, TooLarge
 from okq.retrying import jittered, retryable
 from okq.wire import LeasedItemOut
@@ -199,6 +201,9 @@ class Worker:
         self._stop = asyncio.Event()
         self._running: dict[asyncio.Task[None], LeasedItemOut] = {}
         self._fatal: BaseException | None = None
+        #: items finished in one turn of the event loop are completed in one call
+        self._completions: TurnBatcher[str, None] = TurnBatcher(
+            self._complete_tokens, name="okq-worker-complete", size=lambda: self.concurrency)
 
     @property
     def completed(self) -> int:
@@ -227,6 +232,7 @@ class Worker:
         finally:
             if timer is not None:
                 timer.cancel()
+            await self._completions.close()
         return self.stats
 
     # -- starting and waiting out failures ------------------------------------------------
@@ -393,7 +399,7 @@ class Worker:
     async def _complete(self, item: LeasedItemOut, outputs: Outputs | None) -> None:
         try:
             if outputs is None or not outputs.items:
-                await self.client.complete(self.queue, [item.token])
+                await self._completions.submit(item.token)
             else:
                 try:
                     await self.client.complete_and_produce(self.queue, item.token,
@@ -408,6 +414,18 @@ class Worker:
                              item.id)
         except OkqError as exc:
             self._error("completing", item, exc)
+
+    async def _complete_tokens(self, tokens: list[str]) -> list[BaseException | None]:
+        """Complete the items finished together in one call; a lease lost fails its
+        item alone (the node applies each token on its own and names the lost)."""
+        try:
+            await self.client.complete(self.queue, tokens)
+        except LeaseLost as exc:
+            lost = {f.get("index") for f in exc.details.get("failed") or ()}
+            if not lost:
+                raise
+            return [exc if n in lost else None for n in range(len(tokens))]
+        return [None] * len(tokens)
 
     async def _dead(self, item: LeasedItemOut, reason: str) -> None:
         try:

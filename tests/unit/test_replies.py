@@ -1,0 +1,207 @@
+"""The client's cheap reading of lease and produce replies (okq.replies) against full
+validation by the wire models: the same values, types and behaviour of the items."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, timedelta
+from types import SimpleNamespace, TracebackType
+from typing import Any
+
+import msgpack
+import msgspec
+import pytest
+
+from okq import replies
+from okq import wire as s
+from okq.client import Client
+from okq.errors import OkqError
+
+T0 = 1_764_669_600_123
+
+
+def engine_items() -> list[SimpleNamespace]:
+    """What the engine says of leased items (``okq.wire.Leased``), in every shape the
+    wire shows: text and binary payloads, with and without meta and enqueue_at."""
+    shapes = [
+        (b"hello", None, None),
+        (b"\xff\xfe not utf-8", None, T0 - 5000),
+        (b"", {"source_queue": "q", "attempts": 3, "origin": ["01ID", T0 - 9000]}, None),
+        ("caf\u00e9 \u2603".encode(), {"nested": {"k": [1, 2.5, None, b"\x00"]}}, T0 + 1),
+        (b"x" * 1024, None, None),
+    ]
+    return [SimpleNamespace(id=f"{n:026d}", token=f"v1.token{n}", attempts=n + 1,
+                            lease_deadline_ms=T0 + 30_000, produced_ms=T0 - n * 7,
+                            enqueue_at_ms=enqueue, payload=payload, meta=meta)
+            for n, (payload, meta, enqueue) in enumerate(shapes)]
+
+
+def msgpack_reply(items: list[Any]) -> bytes:
+    """A lease reply as the node sends it on msgpack (okq.server.handlers.lease)."""
+    plain = [s.leased_item_plain(i) for i in items]
+    return bytes(msgpack.packb({"queue_name": "q", "items": plain}, use_bin_type=True))
+
+
+def json_reply(items: list[Any]) -> bytes:
+    """A lease reply as the node sends it on JSON (okq.server.codec.respond)."""
+    reply = s.LeaseResponse(queue_name="q", items=[s.leased_item_out(i) for i in items])
+    return reply.model_dump_json().encode()
+
+
+def validated_msgpack(raw: bytes) -> list[s.LeasedItemOut]:
+    """The reading before okq.replies: full validation, then utf8 filled in."""
+    items = s.LeaseResponse.model_validate(msgpack.unpackb(raw, raw=False)).items
+    for item in items:
+        if item.utf8 is None:
+            item.utf8 = s.utf8_or_none(item.bytes)
+    return items
+
+
+FIELDS = list(s.LeasedItemOut.model_fields)
+
+
+def assert_same(got: list[s.LeasedItemOut], want: list[s.LeasedItemOut]) -> None:
+    assert len(got) == len(want) == len(engine_items())
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is s.LeasedItemOut
+        for name in FIELDS:
+            assert getattr(g, name) == getattr(w, name), name
+            assert type(getattr(g, name)) is type(getattr(w, name)), name
+        for name in ("lease_deadline", "produced_at", "enqueue_at"):
+            when = getattr(g, name)
+            if when is not None:
+                assert when.utcoffset() == timedelta(0), name
+        assert g == w
+        assert g.model_dump() == w.model_dump()
+        assert g.model_dump_json() == w.model_dump_json()
+        assert g.model_fields_set == w.model_fields_set == set(FIELDS)
+
+
+@pytest.mark.parametrize("kind", ["msgpack", "json"])
+def test_items_equal_full_validation(kind: str) -> None:
+    engine = engine_items()
+    if kind == "msgpack":
+        raw = msgpack_reply(engine)
+        want = validated_msgpack(raw)
+    else:
+        raw = json_reply(engine)
+        want = s.LeaseResponse.model_validate_json(raw).items
+    got = replies.leased_items(raw, kind)
+    assert_same(got, want)
+    assert [i.utf8 for i in got] == ["hello", None, "", "caf\u00e9 \u2603", "x" * 1024]
+    assert got[1].enqueue_at == s.to_datetime(T0 - 5000)
+    assert got[0].enqueue_at is None
+    assert got[2].meta == {"source_queue": "q", "attempts": 3, "origin": ["01ID", T0 - 9000]}
+    assert got[3].meta == {"nested": {"k": [1, 2.5, None, b"\x00"]}} if kind == "msgpack" \
+        else got[3].meta == want[3].meta
+    assert got[0].lease_deadline == s.to_datetime(T0 + 30_000)
+    assert got[0].lease_deadline.tzinfo is not None
+    assert got[4].produced_at == s.to_datetime(T0 - 28).astimezone(UTC)
+
+
+def test_items_behave_as_models() -> None:
+    """Each item is a whole pydantic model: assignment, copies, pickling-style copies."""
+    item = replies.leased_items(msgpack_reply(engine_items()))[1]
+    again = item.model_copy()
+    assert again == item
+    assert copy.deepcopy(item) == item
+    item.utf8 = "set by a user"
+    assert item.utf8 == "set by a user"
+    assert again.utf8 is None  # copies do not share their fields
+    assert s.LeasedItemOut.model_validate(item.model_dump()).bytes == item.bytes
+    assert "LeasedItemOut(id=" in repr(item)
+
+
+def test_reply_without_optional_keys_and_with_unknown_ones() -> None:
+    """A reply that leaves out what has a default, or adds a key (a newer node), reads
+    as validation reads the former and skips the latter."""
+    plain = s.leased_item_plain(engine_items()[0])
+    del plain["enqueue_at"], plain["meta"]
+    raw = msgpack.packb({"queue_name": "q", "items": [plain]}, use_bin_type=True)
+    [got] = replies.leased_items(raw)
+    [want] = validated_msgpack(raw)
+    assert got == want and got.enqueue_at is None and got.meta is None
+    plain["shiny_new_field"] = 1
+    raw = msgpack.packb({"queue_name": "q", "items": [plain], "more": True}, use_bin_type=True)
+    [got] = replies.leased_items(raw)
+    assert got == want and "shiny_new_field" not in got.model_dump()
+
+
+@pytest.mark.parametrize("body", [
+    b"<html>not okq</html>",
+    msgpack.packb({"queue_name": "q"}),
+    msgpack.packb({"queue_name": "q", "items": [{"id": "a"}]}),
+    msgpack.packb({"queue_name": "q", "items": [
+        {**s.leased_item_plain(engine_items()[0]), "attempts": "1"}]}),
+    msgpack.packb({"queue_name": "q", "items": [
+        {**s.leased_item_plain(engine_items()[0]), "lease_deadline": "soon"}]}),
+], ids=["html", "no-items", "missing-fields", "attempts-text", "bad-time"])
+def test_not_a_lease_reply(body: bytes) -> None:
+    with pytest.raises(msgspec.DecodeError):
+        replies.leased_items(body)
+
+
+def test_produced_ids() -> None:
+    raw = msgpack.packb({"queue_name": "q", "ids": ["a", "b"]})
+    assert replies.produced_ids(raw) == ["a", "b"]
+    with pytest.raises(msgspec.DecodeError):
+        replies.produced_ids(msgpack.packb({"queue_name": "q", "ids": [1]}))
+
+
+# -- through the Client, on a session that answers from recorded replies ----------------------
+
+
+class Answer:
+    headers: dict[str, str] = {}  # noqa: RUF012
+
+    def __init__(self, status: int, raw: bytes) -> None:
+        self.status, self.raw = status, raw
+
+    async def __aenter__(self) -> Answer:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        return None
+
+    async def read(self) -> bytes:
+        return self.raw
+
+
+class Recorded:
+    """An aiohttp session stand-in: each path answers its recorded reply; the bodies
+    sent are kept."""
+
+    def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
+        self.answers = answers
+        self.sent: list[tuple[str, Any]] = []
+
+    def post(self, url: object, *, data: bytes, **_: Any) -> Answer:
+        path = str(url).rsplit("/", 1)[1]
+        self.sent.append((path, msgpack.unpackb(data)))
+        return Answer(*self.answers[path])
+
+
+async def test_client_lease_and_produce() -> None:
+    raw = msgpack_reply(engine_items())
+    session = Recorded({"queue.lease": (200, raw),
+                        "queue.produce": (200, msgpack.packb({"queue_name": "q",
+                                                              "ids": ["i1", "i2", "i3"]}))})
+    client = Client("http://recorded", session=session)  # type: ignore[arg-type]
+    assert_same(await client.lease("q", 5), validated_msgpack(raw))
+    ids = await client.produce("q", [b"raw", "text", s.ProduceItem(bytes=b"b", key="k")])
+    assert ids == ["i1", "i2", "i3"]
+    assert session.sent[-1] == ("queue.produce", {"queue_name": "q", "items": [
+        {"bytes": b"raw"}, {"utf8": "text"}, {"bytes": b"b", "key": "k"}]})
+
+
+@pytest.mark.parametrize("path", ["queue.lease", "queue.produce"])
+async def test_client_names_a_reply_that_is_not_okq(path: str) -> None:
+    session = Recorded({path: (200, b"<html>welcome</html>")})
+    client = Client("http://recorded", session=session)  # type: ignore[arg-type]
+    with pytest.raises(OkqError, match="HTTP 200 with a reply that is not an okq reply") as err:
+        if path == "queue.lease":
+            await client.lease("q", 5)
+        else:
+            await client.produce("q", [b"x"])
+    assert err.value.details.get("not_okq") is True
