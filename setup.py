@@ -1,0 +1,92 @@
+"""Compiles okq's per-item hot path with mypyc when it can, and installs the pure
+path when it cannot: ``pip install .`` and ``pip install -e .`` stay one command
+(pyproject.toml holds everything else).
+
+mypyc names a module by its file, so okq/_pure/leases.py and tokens.py are
+copied to okq/_compiled/ for the moment mypyc generates C from them, then
+removed; the C is compiled as okq._compiled.leases and okq._compiled.tokens.
+okq/_compiled/build.json records whether that happened, why not, and the
+SHA-256 of each source compiled: okq/native.py reads it to choose. Nothing here
+fails the install: without mypyc, without a working C compiler, or with
+``OKQ_BUILD_PURE=1``, the record says why and okq runs the pure path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+ROOT = Path(__file__).resolve().parent
+MODULES = ("leases", "tokens")
+COMPILED = ROOT / "okq" / "_compiled"
+#: mypy options for generating the C: the copies are typed as okq/_pure's modules
+#: are (CI's strict mypy checks those); a library missing from the build's own
+#: environment (msgpack, cryptography, pydantic) is an untyped object to mypyc.
+MYPY_CONFIG = "[mypy]\nfollow_imports = silent\nignore_missing_imports = True\n"
+
+
+def write_record(folder: Path, compiled: bool, reason: str) -> None:
+    sources = {name: hashlib.sha256((ROOT / "okq" / "_pure" / f"{name}.py").read_bytes())
+               .hexdigest() for name in MODULES}
+    record = {"compiled": compiled, "reason": reason, "sources": sources if compiled else {}}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "build.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def compiled_extensions() -> list[object]:
+    """mypyc's extensions for okq/_pure's modules, or [] (and the reason recorded)."""
+    if os.environ.get("OKQ_BUILD_PURE", "") not in ("", "0"):
+        write_record(COMPILED, False, "OKQ_BUILD_PURE was set at install")
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError as exc:
+        write_record(COMPILED, False, f"mypyc is not installed ({exc})")
+        return []
+    copies = [COMPILED / f"{name}.py" for name in MODULES]
+    config = ROOT / "build" / "okq-mypyc.ini"
+    try:
+        config.parent.mkdir(exist_ok=True)
+        config.write_text(MYPY_CONFIG)
+        for name, copy in zip(MODULES, copies, strict=True):
+            shutil.copyfile(ROOT / "okq" / "_pure" / f"{name}.py", copy)
+        extensions: list[object] = mypycify(
+            ["--config-file", str(config), *(str(c.relative_to(ROOT)) for c in copies)],
+            group_name="okq._compiled.hotpath")
+    except (Exception, SystemExit) as exc:  # mypy reports its errors by exiting
+        write_record(COMPILED, False, f"mypyc could not translate it ({exc!r})")
+        return []
+    finally:
+        for copy in copies:
+            copy.unlink(missing_ok=True)
+    # Until build_ext has run, the install has not compiled it (a build that stops
+    # between here and there leaves this record, not a stale one).
+    write_record(COMPILED, False, "the build stopped before compiling")
+    return extensions
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that installs the pure path when the C compiler is missing or fails."""
+
+    def run(self) -> None:
+        folder = Path(self.get_ext_fullpath("okq._compiled.leases")).parent
+        try:
+            super().run()
+        except (CCompilerError, ExecError, PlatformError, OSError) as exc:
+            print(f"okq: the hot path was not compiled ({exc}); installing the pure path")
+            write_record(folder, False, f"the C compiler failed or is missing ({exc})")
+            write_record(COMPILED, False, f"the C compiler failed or is missing ({exc})")
+            return
+        write_record(folder, True, "")
+        if folder.resolve() != COMPILED.resolve():  # built for a wheel, not in place
+            write_record(COMPILED, False, "it was compiled into a wheel, not into this checkout")
+
+
+setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": OptionalBuildExt})
