@@ -6,9 +6,9 @@ mypyc names a module by its file, so okq/_pure/leases.py and tokens.py are
 copied to okq/_compiled/ for the moment mypyc generates C from them, then
 removed; the C is compiled as okq._compiled.leases and okq._compiled.tokens.
 okq/_compiled/build.json records whether that happened, why not, and the
-SHA-256 of each source compiled: okq/native.py reads it to choose. Nothing here
-fails the install: without mypyc, without a working C compiler, or with
-``OKQ_BUILD_PURE=1``, the record says why and okq runs the pure path.
+SHA-256 of each source compiled, and the C compiler found (or none): okq/native.py
+reads it to choose. Nothing here fails the install: without mypyc or a working C
+compiler, the record says why and okq runs the pure path.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -32,19 +34,23 @@ COMPILED = ROOT / "okq" / "_compiled"
 MYPY_CONFIG = "[mypy]\nfollow_imports = silent\nignore_missing_imports = True\n"
 
 
+def c_compiler() -> str | None:
+    """Where the C compiler that setuptools runs (``CC``, else Python's own) is, if anywhere."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shutil.which(shlex.split(cc)[0])
+
+
 def write_record(folder: Path, compiled: bool, reason: str) -> None:
     sources = {name: hashlib.sha256((ROOT / "okq" / "_pure" / f"{name}.py").read_bytes())
                .hexdigest() for name in MODULES}
-    record = {"compiled": compiled, "reason": reason, "sources": sources if compiled else {}}
+    record = {"compiled": compiled, "reason": reason, "compiler": c_compiler(),
+              "sources": sources if compiled else {}}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "build.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def compiled_extensions() -> list[object]:
     """mypyc's extensions for okq/_pure's modules, or [] (and the reason recorded)."""
-    if os.environ.get("OKQ_BUILD_PURE", "") not in ("", "0"):
-        write_record(COMPILED, False, "OKQ_BUILD_PURE was set at install")
-        return []
     try:
         from mypyc.build import mypycify
     except ImportError as exc:
@@ -80,9 +86,11 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except (CCompilerError, ExecError, PlatformError, OSError) as exc:
-            print(f"okq: the hot path was not compiled ({exc}); installing the pure path")
-            write_record(folder, False, f"the C compiler failed or is missing ({exc})")
-            write_record(COMPILED, False, f"the C compiler failed or is missing ({exc})")
+            why = (f"the C compiler failed ({exc})" if c_compiler() else
+                   f"there is no C compiler ({exc})")
+            print(f"okq: the hot path was not compiled: {why}; installing the pure path")
+            write_record(folder, False, why)
+            write_record(COMPILED, False, why)
             return
         write_record(folder, True, "")
         if folder.resolve() != COMPILED.resolve():  # built for a wheel, not in place
