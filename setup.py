@@ -21,7 +21,7 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
@@ -29,9 +29,16 @@ ROOT = Path(__file__).resolve().parent
 MODULES = ("leases", "tokens")
 COMPILED = ROOT / "okq" / "_compiled"
 #: mypy options for generating the C: the copies are typed as okq/_pure's modules
-#: are (CI's strict mypy checks those); a library missing from the build's own
-#: environment (msgpack, cryptography, pydantic) is an untyped object to mypyc.
-MYPY_CONFIG = "[mypy]\nfollow_imports = silent\nignore_missing_imports = True\n"
+#: are (CI's strict mypy checks those), with the okq modules they import read for
+#: their types (a class from a module not read, OkqError, would make mypyc's code
+#: crash) and no other (okq/__init__.py would bring all of okq: 45 s more); a
+#: library missing from the build's environment (msgpack, pydantic) is untyped.
+MYPY_CONFIG = """[mypy]
+follow_imports = skip
+ignore_missing_imports = True
+[mypy-okq.changes,okq.errors,okq.model,okq.keys,okq.limits]
+follow_imports = silent
+"""
 
 
 def c_compiler() -> str | None:
@@ -79,10 +86,19 @@ def compiled_extensions() -> list[object]:
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that installs the pure path when the C compiler is missing or fails."""
+    """build_ext that has mypyc write the C first (here, not when setup.py is loaded:
+    pip loads it three times per install), and installs the pure path when the C
+    compiler is missing or fails."""
+
+    def finalize_options(self) -> None:
+        self.distribution.ext_modules = compiled_extensions()
+        super().finalize_options()
 
     def run(self) -> None:
         folder = Path(self.get_ext_fullpath("okq._compiled.leases")).parent
+        if not self.extensions:
+            write_record(folder, False, json.loads((COMPILED / "build.json").read_text())["reason"])
+            return
         try:
             super().run()
         except (CCompilerError, ExecError, PlatformError, OSError) as exc:
@@ -97,4 +113,7 @@ class OptionalBuildExt(build_ext):
             write_record(COMPILED, False, "it was compiled into a wheel, not into this checkout")
 
 
-setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+#: Stands for mypyc's extensions until build_ext makes them: a build with extensions.
+PLACEHOLDER = Extension("okq._compiled.leases", sources=[])
+
+setup(ext_modules=[PLACEHOLDER], cmdclass={"build_ext": OptionalBuildExt})

@@ -86,22 +86,22 @@ def run(tr: ModuleType, ops: list[tuple[str, int, int, int]]) -> list[Any]:
         now += step
         st_ = obj.items.get(i)
         v = (st_.v if st_ else 0) + dv
-        calls = {
-            "lease": lambda: tr.lease(obj, [(i, NOW), (i + 1, NOW)], now, 30_000, 3, "rq"),
-            "complete": lambda: tr.complete(obj, i, v, now),
-            "complete_out": lambda: tr.complete(obj, i, v, now, ["q", "s", 1, now, 9]),
-            "retry": lambda: tr.retry(obj, i, v, now, now + 5, False, "boom", 3, rq="r2"),
-            "retry_dead": lambda: tr.retry(obj, i, v, now, None, True, "poison", 0),
-            "renew": lambda: tr.renew(obj, i, v, now, 10_000),
-            "finish_outputs": lambda: tr.finish_outputs(obj, i, v),
-            "abandon": lambda: tr.abandon_outputs(obj, i, v, now, "gone", back=bool(dv)),
-            "finish_dead": lambda: tr.finish_dead(obj, i, v),
-            "expire": lambda: tr.expire(obj, [i, i + 1], now, bool(dv)),
-            "seal": lambda: tr.seal(obj),
-            "recode": lambda: tr.summarise(obj, 5, [(NOW, k, NOW) for k in range(5)]),
+        calls: dict[str, Any] = {
+            "lease": lambda o, i, v, t, d: tr.lease(o, [(i, NOW), (i + 1, NOW)], t, 9_000, 3, "q"),
+            "complete": lambda o, i, v, t, d: tr.complete(o, i, v, t),
+            "complete_out": lambda o, i, v, t, d: tr.complete(o, i, v, t, ["q", "s", 1, t, 9]),
+            "retry": lambda o, i, v, t, d: tr.retry(o, i, v, t, t + 5, False, "boom", 3, rq="r2"),
+            "retry_dead": lambda o, i, v, t, d: tr.retry(o, i, v, t, None, True, "poison", 0),
+            "renew": lambda o, i, v, t, d: tr.renew(o, i, v, t, 10_000),
+            "finish_outputs": lambda o, i, v, t, d: tr.finish_outputs(o, i, v),
+            "abandon": lambda o, i, v, t, d: tr.abandon_outputs(o, i, v, t, "gone", back=bool(d)),
+            "finish_dead": lambda o, i, v, t, d: tr.finish_dead(o, i, v),
+            "expire": lambda o, i, v, t, d: tr.expire(o, [i, i + 1], t, bool(d)),
+            "seal": lambda o, i, v, t, d: tr.seal(o),
+            "recode": lambda o, i, v, t, d: tr.summarise(o, 5, [(NOW, k, NOW) for k in range(5)]),
         }
         try:
-            answer: Any = calls[op]()
+            answer: Any = calls[op](obj, i, v, now, dv)
         except Exception as exc:  # the error is part of the behaviour compared
             answer = (type(exc).__name__, str(exc), getattr(exc, "details", None))
         if op == "recode":
