@@ -56,13 +56,12 @@ def write_record(folder: Path, compiled: bool, reason: str) -> None:
     (folder / "build.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
-def compiled_extensions() -> list[object]:
-    """mypyc's extensions for okq/_pure's modules, or [] (and the reason recorded)."""
+def compiled_extensions() -> tuple[list[Extension], str]:
+    """mypyc's extensions for okq/_pure's modules, or none and the reason."""
     try:
         from mypyc.build import mypycify
     except ImportError as exc:
-        write_record(COMPILED, False, f"mypyc is not installed ({exc})")
-        return []
+        return [], f"mypyc is not installed ({exc})"
     copies = [COMPILED / f"{name}.py" for name in MODULES]
     config = ROOT / "build" / "okq-mypyc.ini"
     try:
@@ -70,34 +69,31 @@ def compiled_extensions() -> list[object]:
         config.write_text(MYPY_CONFIG)
         for name, copy in zip(MODULES, copies, strict=True):
             shutil.copyfile(ROOT / "okq" / "_pure" / f"{name}.py", copy)
-        extensions: list[object] = mypycify(
+        extensions: list[Extension] = mypycify(
             ["--config-file", str(config), *(str(c.relative_to(ROOT)) for c in copies)],
             group_name="okq._compiled.hotpath")
     except (Exception, SystemExit) as exc:  # mypy reports its errors by exiting
-        write_record(COMPILED, False, f"mypyc could not translate it ({exc!r})")
-        return []
+        return [], f"mypyc could not translate it ({exc!r})"
     finally:
         for copy in copies:
             copy.unlink(missing_ok=True)
-    # Until build_ext has run, the install has not compiled it (a build that stops
-    # between here and there leaves this record, not a stale one).
-    write_record(COMPILED, False, "the build stopped before compiling")
-    return extensions
+    return extensions, ""
 
 
 class OptionalBuildExt(build_ext):
     """build_ext that has mypyc write the C first (here, not when setup.py is loaded:
-    pip loads it three times per install), and installs the pure path when the C
-    compiler is missing or fails."""
+    pip loads it three times per install), and installs the pure path when mypyc or
+    the C compiler is missing or fails. The record goes beside the extensions: into
+    the checkout for an editable install, into the wheel otherwise."""
 
     def finalize_options(self) -> None:
-        self.distribution.ext_modules = compiled_extensions()
+        self.distribution.ext_modules, self.not_compiled = compiled_extensions()
         super().finalize_options()
 
     def run(self) -> None:
         folder = Path(self.get_ext_fullpath("okq._compiled.leases")).parent
         if not self.extensions:
-            write_record(folder, False, json.loads((COMPILED / "build.json").read_text())["reason"])
+            write_record(folder, False, self.not_compiled)
             return
         try:
             super().run()
@@ -106,11 +102,8 @@ class OptionalBuildExt(build_ext):
                    f"there is no C compiler ({exc})")
             print(f"okq: the hot path was not compiled: {why}; installing the pure path")
             write_record(folder, False, why)
-            write_record(COMPILED, False, why)
             return
         write_record(folder, True, "")
-        if folder.resolve() != COMPILED.resolve():  # built for a wheel, not in place
-            write_record(COMPILED, False, "it was compiled into a wheel, not into this checkout")
 
 
 #: Stands for mypyc's extensions until build_ext makes them: a build with extensions.
