@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import msgpack
 from cryptography.hazmat.primitives import constant_time, hashes, hmac
+from mypy_extensions import mypyc_attr
 
 from okq.errors import InvalidToken
 
@@ -75,6 +76,7 @@ def key_id(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()[:4]
 
 
+@mypyc_attr(native_class=False)  # compiled methods, but an instance's can be replaced (tests)
 class TokenSigner:
     #: Tokens this signer minted lately, and what they name: a completion usually
     #: reaches the node that leased, and a token this process signed needs no MAC
