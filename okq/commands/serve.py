@@ -124,6 +124,10 @@ async def run_node(settings: Settings) -> None:
             "okq listening on %s://%s:%s (store %s, namespace %s)",
             scheme, settings.host, port, store.url, settings.namespace,
         )
+        from okq import native  # compiled or pure: said once, a warning when pure
+
+        logging.getLogger("okq").log(logging.INFO if native.COMPILED else logging.WARNING,
+                                     "%s", native.describe())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

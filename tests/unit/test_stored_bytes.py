@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from okq.leases import (
     DEAD,
     DEAD_PENDING,
@@ -34,6 +36,9 @@ from okq.model import (
     encode_manifest,
     encode_segment,
 )
+
+#: Each test runs on the pure and the compiled hot path (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("hot_path")
 
 T = 1_700_000_000_000
 SEG = "018b5e3c2a00-0123456789"

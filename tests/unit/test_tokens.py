@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from okq.errors import InvalidToken
 from okq.tokens import Delivery, TokenSigner, key_id
 
+#: Each test runs on the pure and the compiled hot path (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("hot_path")
+
 K1 = b"k1" * 16
 K2 = b"k2" * 16
 D = Delivery("ns", "orders", "018b5e3c2a00-0123456789", 17, 3)

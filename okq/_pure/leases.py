@@ -1,0 +1,500 @@
+"""The lease-object hot path: item states, the transitions on them, their coding.
+
+A segment's lease object holds the state of each of its items ever leased (an
+item with no entry is fresh). Every lease, renewal, completion, retry, expiry
+and dead-letter step is a pure function of (lease object, now, request), applied
+by a cell's CAS (okq/cell.py). It changes the ``LeaseObject`` it is given (each
+attempt gets a copy of its own) by putting new item states in its slots, never
+by changing a state in place (copies share their states), and raises
+:class:`~okq.errors.LeaseLost` when the request names a delivery that is no
+longer current. No I/O and no clock reads here. An item's lifecycle::
+
+    fresh ──lease──▶ L(v+1) ──complete──▶ D
+      │               │  ├──complete with outputs──▶ P ──outputs published──▶ D
+      ▲               │  ├──retry──────▶ W(ready=retry_at) ──lease──▶ L(v+2) ...
+      │               │  ├──expiry (t passes) ≡ W(ready=deadline)
+      │               │  └──retry dead / max attempts──▶ X ──moved to DLQ──▶ Z
+      └ scheduled items are fresh but not ready before enqueue_at
+
+A delivery is current while the item is L with the token's ``v``; an expired
+lease that nobody has re-leased is still current (no other delivery exists).
+Completing a delivery that this same delivery already completed succeeds again
+without a change, so a client may safely retry a completion.
+
+This is the pure-Python implementation and the source of the compiled one:
+callers reach either through okq/leases.py (its docstring tells how).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgpack
+
+from okq.changes import Unchanged
+from okq.errors import FormatError, LeaseLost, OkqError
+from okq.model import FORMAT_VERSION, unpack_object
+
+__all__ = [
+    "DEAD", "DEAD_PENDING", "DONE", "FINISHED", "GONE_STATES", "HALF_DONE", "IN_FLIGHT", "LEASED",
+    "OUTPUTS_PENDING", "READY_STATES", "WAITING", "ItemState", "LeaseObject", "Leased",
+    "SealRefused", "abandon_outputs", "carried", "classify", "complete", "current", "decode_lease",
+    "encode_lease", "exhausted", "expire", "finish_dead", "finish_outputs", "is_available",
+    "is_finished", "is_idle", "lease", "left_queue", "ready_at", "recognise", "renew", "retry",
+    "retry_attempts", "seal", "summarise",
+]
+
+# -- states ----------------------------------------------------------------------
+
+# Item states in a lease object. An item with no entry is fresh: never leased.
+LEASED = "L"  # t = lease deadline; expired leases are as good as WAITING at t
+WAITING = "W"  # t = ready time (retried)
+DONE = "D"  # completed: a tombstone
+DEAD_PENDING = "X"  # being moved to the dead-letter queue; t = when that began
+DEAD = "Z"  # moved to the dead-letter queue (or dropped: no dead queue)
+OUTPUTS_PENDING = "P"  # completed; its outputs segment is being published; t = since
+
+#: States with a step still to take by whoever holds the item or walks past it.
+HALF_DONE = frozenset({DEAD_PENDING, OUTPUTS_PENDING})
+#: States that keep a segment busy: not sealed, merged or expired meanwhile.
+IN_FLIGHT = frozenset({LEASED, *HALF_DONE})
+#: Terminal states in a segment: tombstones the compactor folds away.
+FINISHED = frozenset({DONE, DEAD})
+#: States whose item is leasable at its ``t``: a lease once it expires, a retry once due.
+READY_STATES = frozenset({LEASED, WAITING})
+
+
+@dataclass(slots=True, init=False)  # __init__ written out: a compiled build makes it native
+class ItemState:
+    """One item's state in a lease object. Never changed in place once it is in a
+    lease object: a transition puts a new one in its slot, so a copy of the object
+    that shares its states (:meth:`LeaseObject.copy`) is a copy all the same."""
+
+    s: str
+    v: int  # delivery counter: bumped by every lease, fences stale tokens
+    attempts: int
+    t: int
+    err: str | None = None
+    # For a completion that produced outputs: [queue, segment id, count, created_ms, size]
+    out: list[Any] | None = None
+    # The request that made this state (a lease or a retry): a writer whose write
+    # was ambiguous and then overwritten recognises its own change by it.
+    rq: str | None = None
+    # When the item was first leased (ms), kept by the states of an item that may
+    # be leased again (L, W): the SQS front end's ApproximateFirstReceiveTimestamp.
+    # A trailing field: older readers ignore it (and drop it when they rewrite).
+    first: int | None = None
+    # (index, its msgpack map entry) once encoded: a state is never changed in
+    # place, so a lease object re-encodes only the states new since its last write.
+    packed: tuple[int, bytes] | None = field(init=False, repr=False, compare=False)
+
+    def __init__(self, s: str, v: int, attempts: int, t: int, err: str | None = None,
+                 out: list[Any] | None = None, rq: str | None = None,
+                 first: int | None = None) -> None:
+        self.s, self.v, self.attempts, self.t = s, v, attempts, t
+        self.err, self.out, self.rq, self.first = err, out, rq, first
+        self.packed = None
+
+    def pack(self) -> list[Any]:
+        packed = [self.s, self.v, self.attempts, self.t, self.err]
+        if self.first is not None:
+            return [*packed, self.out, self.rq, self.first]
+        if self.rq is not None:
+            return [*packed, self.out, self.rq]
+        return packed if self.out is None else [*packed, self.out]
+
+    @classmethod
+    def unpack(cls, raw: list[Any]) -> ItemState:
+        n = len(raw)
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4], raw[5] if n > 5 else None,
+                   raw[6] if n > 6 else None, raw[7] if n > 7 else None)
+
+
+@dataclass(slots=True)
+class LeaseObject:
+    segment: str
+    items: dict[int, ItemState] = field(default_factory=dict)
+    ver: int = 0
+    nonce: str = ""
+    # Set by the compactor before it merges the segment's items elsewhere: no
+    # item of a sealed segment is leased again. Only set when none is leased.
+    sealed: bool = False
+
+    def copy(self) -> LeaseObject:
+        """A copy to change: its own slots, the states shared (they are replaced,
+        never changed in place), so it costs a dict copy and no decode."""
+        return LeaseObject(self.segment, dict(self.items), self.ver, self.nonce, self.sealed)
+
+
+@dataclass(slots=True, init=False)  # as ItemState; one per item leased, read once
+class Leased:
+    index: int
+    v: int
+    attempts: int
+    deadline_ms: int
+    first_ms: int  # when the item was first leased
+
+    def __init__(self, index: int, v: int, attempts: int, deadline_ms: int, first_ms: int) -> None:
+        self.index, self.v, self.attempts = index, v, attempts
+        self.deadline_ms, self.first_ms = deadline_ms, first_ms
+
+
+class SealRefused(OkqError):
+    """A segment holds an item in flight: it cannot be sealed now."""
+
+
+# -- coding ----------------------------------------------------------------------
+
+
+def encode_lease(o: LeaseObject) -> bytes:
+    """The lease object as ``okq.model.pack_object`` would write it, its item map
+    joined from each state's cached bytes: a write packs only the states that are
+    new since the last one (a segment's tombstones pile up until compaction)."""
+    items = b"".join([
+        p[1] if (p := st.packed) is not None and p[0] == index else _pack_state(index, st)
+        for index, st in o.items.items()
+    ])
+    return b"".join([
+        _LEASE_HEAD, _packb(o.segment), b"\xa5items", _map_header(len(o.items)), items,
+        b"\xa3ver", _packb(o.ver), b"\xa5nonce", _packb(o.nonce), b"\xa6sealed", _packb(o.sealed),
+    ])
+
+
+def _pack_state(index: int, st: ItemState) -> bytes:
+    key = _INDEX_BYTES[index] if index < len(_INDEX_BYTES) else _packb(index)
+    packed = key + _packb(st.pack())
+    st.packed = (index, packed)
+    return packed
+
+
+def _packb(value: Any) -> bytes:
+    return _PACKER.pack(value)  # type: ignore[no-any-return]
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    if n < 0x10000:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+#: One packer for every call (msgpack.packb makes one per call; ``pack`` holds the GIL).
+_PACKER = msgpack.Packer(use_bin_type=True)
+#: Item indexes as msgpack map keys, for the common sizes of a segment.
+_INDEX_BYTES = [msgpack.packb(i) for i in range(4096)]
+#: {"f": "lease", "v": FORMAT_VERSION, "segment": ...}: a map of 7, its first keys.
+_LEASE_HEAD = b"\x87" + _packb("f") + _packb("lease") + _packb("v") + _packb(FORMAT_VERSION) \
+    + _packb("segment")
+
+
+def _index(raw: Any) -> int:
+    """An item index as a lease object keeps it: an integer, 0 or more."""
+    index = int(raw)
+    if index < 0:
+        raise ValueError(f"negative item index {index}")
+    return index
+
+
+def decode_lease(data: bytes) -> LeaseObject:
+    raw = unpack_object("lease", data)
+    try:
+        items = {_index(i): ItemState.unpack(st) for i, st in raw["items"].items()}
+        return LeaseObject(raw["segment"], items, raw["ver"], raw["nonce"],
+                           bool(raw.get("sealed", False)))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+        raise FormatError(f"malformed lease object: {exc}", data=data) from exc
+
+
+# -- reading states ----------------------------------------------------------------
+
+
+def ready_at(st: ItemState | None, fresh_ready_ms: int) -> int | None:
+    """When the item can next be leased, or None if it never can (finished or moving)."""
+    if st is None:
+        return fresh_ready_ms
+    if st.s in (LEASED, WAITING):
+        return st.t
+    return None
+
+
+def is_available(st: ItemState | None, fresh_ready_ms: int, now: int) -> bool:
+    r = ready_at(st, fresh_ready_ms)
+    return r is not None and r <= now
+
+
+def is_finished(st: ItemState | None) -> bool:
+    return st is not None and st.s in FINISHED
+
+
+def is_idle(st: ItemState | None, now: int) -> bool:
+    """Live and held by nobody: fresh, waiting, or leased with the lease over (an
+    expired lease that nobody re-leased is as good as waiting)."""
+    return st is None or st.s == WAITING or (st.s == LEASED and st.t <= now)
+
+
+def exhausted(obj: LeaseObject, index: int, max_attempts: int) -> bool:
+    """Whether the item has had ``max_attempts`` deliveries already."""
+    st = obj.items.get(index)
+    return st is not None and st.attempts >= max_attempts
+
+
+def current(obj: LeaseObject, index: int, v: int) -> ItemState:
+    """The item's state if delivery ``v`` is its current lease; else LeaseLost."""
+    st = obj.items.get(index)
+    if st is None or st.s != LEASED or st.v != v:
+        state = "never leased" if st is None else _describe(st, v)
+        raise LeaseLost(f"the lease is no longer held: the item is {state}", state=state)
+    return st
+
+
+#: How a lost lease describes an item that has left its queue (by whichever delivery).
+GONE_STATES = {DONE: "already completed", OUTPUTS_PENDING: "already completed",
+               DEAD_PENDING: "being dead-lettered", DEAD: "dead-lettered"}
+
+
+def _describe(st: ItemState, v: int) -> str:
+    if st.s in GONE_STATES:  # whichever delivery took it out of the queue
+        return GONE_STATES[st.s]
+    if st.s == LEASED:
+        return "leased again by another delivery"
+    if st.v != v:
+        return "released and leased again since"
+    return "waiting for a retry" if st.s == WAITING else st.s
+
+
+def left_queue(state: str) -> bool:
+    """Whether a lost lease's ``state`` (LeaseLost's detail) says the item is no longer
+    in its queue at all (completed, dead-lettered, compacted away or purged), rather
+    than back in it or held by another delivery."""
+    return state in GONE_STATES.values() or state in ("never leased", "gone")
+
+
+def classify(st: ItemState, now: int) -> tuple[str, int | None]:
+    """A leased-before item as the queue's stats count it (a field of
+    ``okq.views.QueueStats``: in_flight, available, waiting_retry, completed,
+    dead_lettered), and its ready time: its lease object's entry alone tells them."""
+    if st.s == LEASED and st.t > now:
+        return "in_flight", st.t
+    ready = ready_at(st, 0)
+    if ready is not None:
+        return ("available" if ready <= now else "waiting_retry"), ready
+    if st.s in (DONE, OUTPUTS_PENDING):
+        return "completed", None
+    return "dead_lettered", None
+
+
+def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | None
+              ) -> tuple[list[tuple[int, int, int]], bool, list[tuple[int, int]]]:
+    """What a lease walk needs of a segment of ``count`` items: its candidates by
+    order, (order, index, due): its leased and waiting items at their time, and
+    the items of ``fresh`` (every item as if never leased; needed when some item
+    has no state) that have no state; whether an item is in flight; and its
+    half-done items (since, index) by index. A sealed segment has none of them."""
+    ready: list[tuple[int, int, int]] = []
+    stalled: list[tuple[int, int]] = []
+    inflight = False
+    if obj.sealed:  # a compactor is merging it: nothing in it is leasable
+        return ready, inflight, stalled
+    states = obj.items
+    for idx, st in states.items():
+        if idx >= count:
+            continue
+        if st.s in IN_FLIGHT:
+            inflight = True
+            if st.s in HALF_DONE:
+                stalled.append((st.t, idx))
+        if st.s in READY_STATES:
+            ready.append((st.t, idx, st.t))
+    if fresh is not None and len(states) < count:
+        ready.extend(c for c in fresh if c[1] not in states)
+    ready.sort()
+    stalled.sort(key=lambda s: s[1])
+    return ready, inflight, stalled
+
+
+def carried(st: ItemState) -> ItemState:
+    """A waiting item's state as a merge carries it into its new segment: its
+    delivery count, attempts, ready time, last error and first lease."""
+    return ItemState(st.s, st.v, st.attempts, st.t, st.err, first=st.first)
+
+
+# -- transitions -------------------------------------------------------------------
+
+
+def lease(
+    obj: LeaseObject,
+    wanted: list[tuple[int, int]],
+    now: int,
+    lease_ms: int,
+    max_attempts: int,
+    rq: str | None = None,
+) -> tuple[list[Leased], list[int]]:
+    """Lease each (index, fresh_ready_ms) still available at ``now``.
+
+    Items that already had ``max_attempts`` deliveries are not leased but move to
+    DEAD_PENDING; their indexes are returned second. ``rq`` (the request's id) is
+    recorded in every state written, so that a request re-applied after an
+    ambiguous write finds its own earlier lease: see :func:`recognise`.
+    """
+    leased: list[Leased] = []
+    dead: list[int] = []
+    if obj.sealed:  # the compactor is moving these items elsewhere
+        return leased, dead
+    for index, fresh_ready in wanted:
+        st = obj.items.get(index)
+        if not is_available(st, fresh_ready, now):
+            continue
+        v = st.v if st else 0
+        attempts = st.attempts if st else 0
+        if max_attempts and attempts >= max_attempts:
+            err = st.err if st else None
+            obj.items[index] = ItemState(DEAD_PENDING, v + 1, attempts, now, err, rq=rq)
+            dead.append(index)
+            continue
+        first = st.first if st is not None and st.first is not None else now
+        obj.items[index] = ItemState(LEASED, v + 1, attempts + 1, now + lease_ms, None, rq=rq,
+                                     first=first)
+        leased.append(Leased(index, v + 1, attempts + 1, now + lease_ms, first))
+    return leased, dead
+
+
+def recognise(
+    obj: LeaseObject, wanted: list[tuple[int, int]], rq: str
+) -> tuple[list[Leased], list[int], list[tuple[int, int]]]:
+    """Split ``wanted`` into what request ``rq`` already leased (an earlier write
+    of it landed although its writer saw an error), what it already moved to
+    the dead-letter path, and the rest, still to try."""
+    leased: list[Leased] = []
+    dead: list[int] = []
+    rest: list[tuple[int, int]] = []
+    for index, fresh_ready in wanted:
+        st = obj.items.get(index)
+        if st is not None and st.rq == rq and st.s == LEASED:
+            leased.append(Leased(index, st.v, st.attempts, st.t, st.first or st.t))
+        elif st is not None and st.rq == rq and st.s in (DEAD_PENDING, DEAD):
+            dead.append(index)
+        else:
+            rest.append((index, fresh_ready))
+    return leased, dead, rest
+
+
+def renew(obj: LeaseObject, index: int, v: int, now: int, lease_ms: int) -> int:
+    st = current(obj, index, v)
+    obj.items[index] = replace(st, t=now + lease_ms)
+    return now + lease_ms
+
+
+def complete(
+    obj: LeaseObject, index: int, v: int, now: int = 0, out: list[Any] | None = None
+) -> list[Any] | Unchanged | None:
+    """L(v) -> D, or -> P (outputs pending) when the completion produces ``out``.
+
+    Completing the same delivery again is a no-op (a retried request); the
+    outputs recorded by the first completion are returned.
+    """
+    done = obj.items.get(index)
+    if done is not None and done.s in (DONE, OUTPUTS_PENDING) and done.v == v:
+        return Unchanged(done.out)
+    st = current(obj, index, v)
+    if out is None:
+        obj.items[index] = ItemState(DONE, v, st.attempts, st.t, None)
+    else:
+        obj.items[index] = ItemState(OUTPUTS_PENDING, v, st.attempts, now, None, out)
+    return out
+
+
+def finish_outputs(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
+    """P(v) -> D once the outputs segment is published."""
+    st = obj.items.get(index)
+    if st is not None and st.s == OUTPUTS_PENDING and st.v == v:
+        obj.items[index] = replace(st, s=DONE)
+        return None
+    return Unchanged()
+
+
+def abandon_outputs(
+    obj: LeaseObject, index: int, v: int, now: int, reason: str, back: bool = False
+) -> bool | Unchanged:
+    """P(v) -> X when its outputs can never be published: the completion did not
+    take, and the item goes the way of a dead letter with ``reason``; or, with
+    ``back``, P(v) -> W (ready now), the item waiting in its queue again."""
+    st = obj.items.get(index)
+    if st is not None and st.s == OUTPUTS_PENDING and st.v == v:
+        state = WAITING if back else DEAD_PENDING
+        obj.items[index] = ItemState(state, v, st.attempts, now, reason, first=st.first)
+        return True
+    return Unchanged(False)
+
+
+def retry(
+    obj: LeaseObject,
+    index: int,
+    v: int,
+    now: int,
+    retry_at_ms: int | None,
+    dead: bool,
+    error: str | None,
+    max_attempts: int,
+    count_attempt: bool = True,
+    rq: str | None = None,
+) -> bool | Unchanged:
+    """Release the delivery. Returns True when the item must go to the dead-letter queue.
+
+    With ``count_attempt=False`` the delivery is given back uncounted (a worker
+    that is stopping and never ran it). A retry re-applied after its own
+    ambiguous write landed (the state carries its ``rq``) changes nothing and
+    answers as the first time.
+    """
+    st = obj.items.get(index)
+    if rq is not None and st is not None and st.rq == rq and st.v == v:
+        if st.s in (WAITING, DEAD_PENDING, DEAD):
+            return Unchanged(st.s != WAITING)
+    st = current(obj, index, v)
+    attempts = retry_attempts(st, count_attempt)
+    if dead or (max_attempts and attempts >= max_attempts):
+        obj.items[index] = ItemState(DEAD_PENDING, v, attempts, now, error, rq=rq)
+        return True
+    ready = max(now, retry_at_ms or now)
+    obj.items[index] = ItemState(WAITING, v, attempts, ready, error, rq=rq, first=st.first)
+    return False
+
+
+def retry_attempts(st: ItemState, count_attempt: bool) -> int:
+    """The attempts an item has after its current delivery is released."""
+    return st.attempts if count_attempt else max(0, st.attempts - 1)
+
+
+def finish_dead(obj: LeaseObject, index: int, v: int) -> Unchanged | None:
+    """DEAD_PENDING(v) -> DEAD once the item is in the dead-letter queue."""
+    st = obj.items.get(index)
+    if st is not None and st.s == DEAD_PENDING and st.v == v:
+        obj.items[index] = replace(st, s=DEAD)
+        return None
+    return Unchanged()
+
+
+def expire(obj: LeaseObject, indexes: list[int], now: int, to_dead: bool) -> list[int] | Unchanged:
+    """Retention: each idle item of ``indexes`` -> Z (dropped) or, ``to_dead``, -> X
+    (to be moved to the dead-letter queue). Returns the indexes expired; items
+    leased or finished since they were chosen are left alone."""
+    done = []
+    for i in indexes:
+        st = obj.items.get(i)
+        if not is_idle(st, now):
+            continue
+        v, attempts = (st.v, st.attempts) if st else (0, 0)
+        state = DEAD_PENDING if to_dead else DEAD
+        obj.items[i] = ItemState(state, v + 1, attempts, now, "retention expired")
+        done.append(i)
+    return done if done else Unchanged([])
+
+
+def seal(obj: LeaseObject) -> None:
+    """Mark a segment to be merged elsewhere: refused while an item is in flight, so
+    sealing is serialised with every lease (no token can then name a current
+    delivery in it, and nothing in it is leased again)."""
+    if any(st.s in IN_FLIGHT for st in obj.items.values()):
+        raise SealRefused("an item is in flight")
+    obj.sealed = True

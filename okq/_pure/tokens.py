@@ -1,0 +1,178 @@
+"""Lease tokens (receipt handles): who may renew, complete or retry a delivery.
+
+A token names one delivery: (namespace, queue, segment, index, delivery
+counter ``v``). It is signed with HMAC-SHA256 (from ``cryptography``) under the
+fleet-wide key list: the first key signs, every key verifies, so keys rotate by
+prepending a new one and later dropping the old. The namespace is inside the
+signed bytes, so a token from one namespace is refused in another.
+
+Layout: ``base64url(msgpack([kid, ns, queue, segment, index, v])) "." base64url(mac[:16])``
+where ``kid`` is the first 4 bytes of SHA-256 of the key.
+
+This is the pure-Python implementation and the source of the compiled one:
+callers reach either through okq/tokens.py.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import secrets
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgpack
+from cryptography.hazmat.primitives import constant_time, hashes, hmac
+from mypy_extensions import mypyc_attr
+
+from okq.errors import InvalidToken
+
+__all__ = ["MAC_BYTES", "Delivery", "TokenSigner", "generate_key", "key_id"]
+
+MAC_BYTES = 16
+#: One packer for every token (msgpack.packb makes one per call; ``pack`` holds the GIL).
+_PACKER = msgpack.Packer(use_bin_type=True)
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Delivery:
+    """What a token names; never changed once made. Not ``frozen``: a lease of 100
+    items makes 100 of these, and a frozen dataclass takes four times as long to
+    make (each field set through ``object.__setattr__``)."""
+
+    namespace: str
+    queue: str
+    segment: str
+    index: int
+    v: int
+
+
+_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+
+
+def _b64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).translate(_TO_URLSAFE).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    """Strict: only the canonical encoding decodes, so no two strings name one token."""
+    raw = text.encode("ascii")  # UnicodeEncodeError is a ValueError
+    if b"+" in raw or b"/" in raw:
+        raise ValueError("not base64url")
+    data = binascii.a2b_base64(raw.translate(_FROM_URLSAFE) + b"=" * (-len(raw) % 4),
+                               strict_mode=True)
+    if _b64(data) != text:
+        raise ValueError("not canonical base64url")
+    return data
+
+
+def _mac_bytes(text: str) -> bytes | None:
+    """The MAC a token's second part spells, or None when it spells no MAC at all."""
+    try:
+        mac = _unb64(text)
+    except ValueError:  # binascii.Error and non-ASCII text are ValueErrors
+        return None
+    return mac if len(mac) == MAC_BYTES else None
+
+
+#: A token body is a msgpack array of six: [kid, namespace, queue, segment, index, v].
+_HEAD = b"\x96"
+_SMALL_INTS: list[bytes] = [_PACKER.pack(i) for i in range(4096)]
+
+
+def _packed_int(value: int) -> bytes:
+    if 0 <= value < 4096:
+        return _SMALL_INTS[value]
+    packed: bytes = _PACKER.pack(value)
+    return packed
+
+
+def key_id(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()[:4]
+
+
+@mypyc_attr(native_class=False)  # compiled methods, but an instance's can be replaced (tests)
+class TokenSigner:
+    #: Tokens this signer minted lately, and what they name: a completion usually
+    #: reaches the node that leased, and a token this process signed needs no MAC
+    #: check (its key list never changes). Bounded: older tokens verify the long way.
+    REMEMBER = 50_000
+
+    def __init__(self, keys: list[bytes]) -> None:
+        if not keys:
+            raise ValueError("at least one signing key is needed")
+        for key in keys:
+            if len(key) < 16:
+                raise ValueError("signing keys must be at least 16 bytes")
+        self.keys = list(keys)
+        self._by_id = {key_id(k): k for k in reversed(self.keys)}
+        # One keyed HMAC per key, copied per token: keying costs more than hashing.
+        self._hmacs = {k: hmac.HMAC(k, hashes.SHA256()) for k in self.keys}
+        self._kid = key_id(self.keys[0])
+        self._minted: OrderedDict[str, Delivery] = OrderedDict()
+
+    def _mac(self, key: bytes, body: bytes) -> bytes:
+        h = self._hmacs[key].copy()
+        h.update(body)
+        return h.finalize()[:MAC_BYTES]
+
+    def sign(self, d: Delivery) -> str:
+        return self.sign_many(d.namespace, d.queue, d.segment, [(d.index, d.v)])[0]
+
+    def sign_many(self, namespace: str, queue: str, segment: str,
+                  deliveries: Sequence[tuple[int, int]]) -> list[str]:
+        """Tokens for deliveries ``(index, v)`` of one segment: each the token
+        :meth:`sign` gives, with the body's shared head packed once."""
+        head: bytes = _HEAD + _PACKER.pack(self._kid) + _PACKER.pack(namespace) + \
+            _PACKER.pack(queue) + _PACKER.pack(segment)
+        keyed = self._hmacs[self.keys[0]]
+        minted = self._minted
+        tokens: list[str] = []
+        for index, v in deliveries:
+            body = head + _packed_int(index) + _packed_int(v)
+            h = keyed.copy()
+            h.update(body)
+            token = f"{_b64(body)}.{_b64(h.finalize()[:MAC_BYTES])}"
+            minted[token] = Delivery(namespace, queue, segment, index, v)
+            tokens.append(token)
+        while len(minted) > self.REMEMBER:
+            minted.popitem(last=False)
+        return tokens
+
+    def verify(self, token: object, namespace: str, field: str = "token") -> Delivery:
+        """Return the delivery a token names, or raise InvalidToken."""
+        if not isinstance(token, str):  # a compiled build checks its arguments' types
+            raise InvalidToken(f"{field} is not an okq lease token", field=field)
+        minted = self._minted.get(token)
+        if minted is not None and minted.namespace == namespace:
+            return minted
+        return self._verify(token, namespace, field)
+
+    def _verify(self, token: str, namespace: str, field: str) -> Delivery:
+        try:
+            body_text, mac_text = token.split(".")
+            body = _unb64(body_text)
+            kid, ns, queue, segment, index, v = msgpack.unpackb(body)
+        except Exception as exc:
+            raise InvalidToken(f"{field} is not an okq lease token", field=field) from exc
+        key = self._by_id.get(kid) if isinstance(kid, bytes) else None
+        if key is None:
+            raise InvalidToken(f"{field} was signed with an unknown key", field=field)
+        # From here the token is well formed: whatever is wrong with its MAC text
+        # (an edited character, a cut, a non-canonical spelling) is a bad signature.
+        mac = _mac_bytes(mac_text)
+        if mac is None or not constant_time.bytes_eq(self._mac(key, body), mac):
+            raise InvalidToken(f"{field} has a bad signature", field=field)
+        if ns != namespace:
+            raise InvalidToken(f"{field} belongs to another namespace", field=field)
+        if not (isinstance(queue, str) and isinstance(segment, str) and isinstance(index, int)
+                and isinstance(v, int)):
+            raise InvalidToken(f"{field} is malformed", field=field)
+        return Delivery(ns, queue, segment, index, v)
+
+
+def generate_key() -> bytes:
+    """A fresh random signing key."""
+    return secrets.token_bytes(32)
