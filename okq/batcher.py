@@ -62,22 +62,13 @@ class Batcher(Generic[T, R]):
             try:
                 results = await self.process([item for item, _ in batch])
             except BaseException as exc:
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
+                _fail(batch, exc)
                 if not isinstance(exc, Exception):  # a crash or a cancel: stop here
-                    for _, fut in self._pending:
-                        fut.set_exception(exc)
+                    _fail(self._pending, exc)
                     self._pending = []
                     return
                 continue
-            for (_, fut), result in zip(batch, results, strict=True):
-                if fut.done():
-                    continue
-                if isinstance(result, BaseException):
-                    fut.set_exception(result)
-                else:
-                    fut.set_result(result)
+            _settle(batch, results)
 
     async def close(self) -> None:
         """Wait for the batch in flight and those queued behind it."""
@@ -124,21 +115,32 @@ class TurnBatcher(Generic[T, R]):
         try:
             results = await self.process([item for item, _ in batch])
         except BaseException as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
+            _fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
             return
-        for (_, fut), result in zip(batch, results, strict=True):
-            if fut.done():  # its caller was cancelled
-                continue
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(result)
+        _settle(batch, results)
 
     async def close(self) -> None:
         """Wait for the batches in flight."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _fail(batch: list[tuple[T, asyncio.Future[R]]], exc: BaseException) -> None:
+    """Every submission of ``batch`` still waiting fails with ``exc``."""
+    for _, fut in batch:
+        if not fut.done():
+            fut.set_exception(exc)
+
+
+def _settle(batch: list[tuple[T, asyncio.Future[R]]], results: list[R | BaseException]) -> None:
+    """Each submission of ``batch`` gets its result, an exception standing for its
+    failure alone; one whose caller was cancelled meanwhile is skipped."""
+    for (_, fut), result in zip(batch, results, strict=True):
+        if fut.done():
+            continue
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
