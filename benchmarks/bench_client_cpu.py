@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import msgpack  # noqa: E402
 
+from benchmarks.bench_node_cpu import lease_and_complete  # noqa: E402
 from okq import wire  # noqa: E402
 from okq.client import Client  # noqa: E402
 from okq.worker import Worker  # noqa: E402
@@ -92,18 +93,8 @@ async def drive(url: str, total: int) -> dict[str, float]:
         cpu = time.process_time()
         await asyncio.gather(*(producer() for _ in range(WORKERS)))
         produce = time.process_time() - cpu
-        done = 0
-
-        async def consumer() -> None:
-            nonlocal done
-            while done < total:
-                got = await client.lease(queue, BATCH, request_timeout=0.5)
-                if got:
-                    await client.complete(queue, [i.token for i in got])
-                    done += len(got)
-
         cpu = time.process_time()
-        await asyncio.gather(*(consumer() for _ in range(WORKERS)))
+        await lease_and_complete(client, queue, total)
         consume = time.process_time() - cpu
 
         await fill(client, worked, total)

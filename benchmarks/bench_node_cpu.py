@@ -99,6 +99,21 @@ def store_requests(url: str) -> dict[str, float]:
         return store_requests_of(resp.read().decode())
 
 
+async def lease_and_complete(client: Client, queue: str, total: int) -> None:
+    """``WORKERS`` consumers leasing ``BATCH`` and completing them until ``total`` are done."""
+    done = 0
+
+    async def consumer() -> None:
+        nonlocal done
+        while done < total:
+            got = await client.lease(queue, BATCH, request_timeout=0.5)
+            if got:
+                await client.complete(queue, [i.token for i in got])
+                done += len(got)
+
+    await asyncio.gather(*(consumer() for _ in range(WORKERS)))
+
+
 async def drive(pid: int, url: str, total: int) -> Run:
     """Produce ``total`` messages, then lease and complete them all; CPU per phase."""
     queue = f"q{uuid.uuid4().hex[:8]}"
@@ -114,18 +129,8 @@ async def drive(pid: int, url: str, total: int) -> Run:
 
         await asyncio.gather(*(producer() for _ in range(WORKERS)))
         produce_cpu, produce_wall = cpu_seconds(pid) - cpu, time.perf_counter() - began
-        done = 0
         cpu, began = cpu_seconds(pid), time.perf_counter()
-
-        async def consumer() -> None:
-            nonlocal done
-            while done < total:
-                got = await client.lease(queue, BATCH, request_timeout=0.5)
-                if got:
-                    await client.complete(queue, [i.token for i in got])
-                    done += len(got)
-
-        await asyncio.gather(*(consumer() for _ in range(WORKERS)))
+        await lease_and_complete(client, queue, total)
         consume_cpu, consume_wall = cpu_seconds(pid) - cpu, time.perf_counter() - began
     after = store_requests(url)
     requests = {op: (after.get(op, 0) - before_requests.get(op, 0)) / total for op in after}
