@@ -1,5 +1,5 @@
 """okq and the compactor type-check under mypy --strict (the files pyproject.toml
-names) and pass ruff, as do the tests and benchmarks."""
+names) and pass ruff, as do the tests, benchmarks and examples."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _tool(name: str) -> str:
 
 def test_ruff() -> None:
     result = subprocess.run(
-        [_tool("ruff"), "check", "okq", "compactor", "tests", "benchmarks"],
+        [_tool("ruff"), "check", "okq", "compactor", "tests", "benchmarks", "examples"],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
