@@ -20,7 +20,7 @@ import asyncio
 import logging
 import ssl as ssl_
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeGuard, TypeVar
 
@@ -32,6 +32,7 @@ from yarl import URL
 
 from okq import replies
 from okq import wire as s
+from okq.clock import assume_utc
 from okq.errors import BY_CODE, OkqError, OutcomeUnknown, Overloaded, QueueExists, Unavailable
 from okq.retrying import DEFAULT_BACKOFF, Backoff, maybe_done, retryable
 from okq.worker import Worker as Worker  # the worker loop lives in okq.worker
@@ -39,7 +40,11 @@ from okq.worker import Worker as Worker  # the worker loop lives in okq.worker
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
-Item = bytes | str | s.ProduceItem
+#: An item to produce: its payload (bytes or text), a ``ProduceItem``, or a dict
+#: ``{"payload": bytes | str, "headers": {str: str}, "key": str, "delay": seconds}``
+#: (or ``"enqueue_at": datetime`` instead of ``delay``), every key but payload optional.
+Item = bytes | str | s.ProduceItem | Mapping[str, Any]
+ITEM_KEYS = ("payload", "headers", "key", "delay", "enqueue_at")
 
 log = logging.getLogger("okq.client")
 
@@ -95,6 +100,15 @@ _leased_items = _checked(replies.leased_items)
 _produced_ids = _checked(replies.produced_ids)
 
 
+def _items(items: Sequence[Item]) -> list[dict[str, Any]]:
+    """The items of a produce as the wire carries them; a lone payload or dict, which
+    would be read as a list of its letters or keys, is a TypeError."""
+    if isinstance(items, (str, bytes, bytearray, memoryview, Mapping, s.ProduceItem)):
+        raise TypeError(f"items must be a list of items, not a {type(items).__name__}: "
+                        "to produce one item, pass [item]")
+    return [_item(i) for i in items]
+
+
 def _item(value: Item) -> dict[str, Any]:
     if type(value) is bytes:
         return {"bytes": value}
@@ -102,7 +116,37 @@ def _item(value: Item) -> dict[str, Any]:
         return value.model_dump(exclude_none=True)
     if isinstance(value, str):
         return {"utf8": value}
-    return {"bytes": value}
+    if isinstance(value, Mapping):
+        return _dict_item(value)
+    if isinstance(value, (bytearray, memoryview)):
+        return {"bytes": bytes(value)}
+    raise TypeError(f"an item is bytes, str, a dict or a ProduceItem, not "
+                    f"{type(value).__name__}")
+
+
+def _dict_item(value: Mapping[str, Any]) -> dict[str, Any]:
+    """An item given as a dict (``Item``) as the wire carries it."""
+    unknown = [k for k in value if k not in ITEM_KEYS]
+    if unknown:
+        raise TypeError(f"unknown item key {unknown[0]!r}; an item takes "
+                        f"{', '.join(ITEM_KEYS)}")
+    payload = value.get("payload")
+    if isinstance(payload, str):
+        out: dict[str, Any] = {"utf8": payload}
+    elif isinstance(payload, (bytes, bytearray, memoryview)):
+        out = {"bytes": bytes(payload)}
+    else:
+        raise TypeError("an item's payload must be bytes or str, not "
+                        f"{type(payload).__name__}")
+    for name in ("headers", "key", "delay"):
+        if value.get(name) is not None:
+            out[name] = value[name]
+    at = value.get("enqueue_at")
+    if at is not None:
+        if not isinstance(at, datetime):
+            raise TypeError(f"enqueue_at must be a datetime, not {type(at).__name__}")
+        out["enqueue_at"] = assume_utc(at)
+    return out
 
 
 class Client:
@@ -186,7 +230,7 @@ class Client:
         """The error of a call that may have taken effect and is not sent again."""
         what = f"{path} of queue {body['queue_name']!r}" if "queue_name" in body else path
         hint = ("; it is not sent again, as its items carry no idempotency keys: give "
-                "each item a key (ProduceItem(key=...)) to let the client retry it safely"
+                "each item a key ({'payload': ..., 'key': ...}) to let the client retry it safely"
                 if path == "queue.produce" else "; it is not sent again")
         message = f"{what} may or may not have taken effect ({exc.message}){hint}"
         log.warning("%s", message)
@@ -258,7 +302,8 @@ class Client:
 
     # -- items ---------------------------------------------------------------
     async def produce(self, queue: str, items: Sequence[Item]) -> list[str]:
-        body = {"queue_name": queue, "items": [_item(i) for i in items]}
+        """Produce ``items`` (a list: see ``Item``); their ids, once they are durable."""
+        body = {"queue_name": queue, "items": _items(items)}
         return await self._call("queue.produce", body, _produced_ids)
 
     async def lease(self, queue: str, batch_size: int = 1, *, lease_timeout: float | None = None,
@@ -283,7 +328,7 @@ class Client:
                                    items: Sequence[Item]) -> list[str]:
         """Complete one delivery and produce ``items`` to ``out_queue`` in one step."""
         body = {"queue_name": queue, "tokens": [token],
-                "outputs": {"queue_name": out_queue, "items": [_item(i) for i in items]}}
+                "outputs": {"queue_name": out_queue, "items": _items(items)}}
         reply = await self.call("queue.complete", body, s.CompleteResponse)
         return reply.output_ids or []
 

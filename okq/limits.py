@@ -23,6 +23,12 @@ MAX_BATCH_MAX = 10_000
 #: The latest time okq accepts for ``enqueue_at`` or ``retry_at``: 9000-01-01,
 #: far enough, and every time renders.
 MAX_TIME_MS = 221_845_392_000_000
+#: An item carries at most 10 headers (as SQS allows 10 message attributes), of at
+#: most 8 KiB of names and values in all (UTF-8); okq/headers.py has their rules.
+MAX_HEADERS = 10
+MAX_HEADERS_BYTES = 8192
+#: A produce's ``delay`` (seconds from the node's now) is at most 14 days.
+DELAY_MAX = 1_209_600
 
 
 def check_lease_timeout(value: float | None, field: str = "lease_timeout") -> None:

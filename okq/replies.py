@@ -44,6 +44,7 @@ class _Item(TypedDict):
     bytes: builtins.bytes
     utf8: NotRequired[str | None]
     meta: NotRequired[dict[str, Any] | None]
+    headers: NotRequired[dict[str, str]]
 
 
 class _LeaseReply(msgspec.Struct):
@@ -64,14 +65,16 @@ _PRODUCE = msgspec.msgpack.Decoder(_ProduceReply)
 #: LeasedItemOut's fields in their order: every one is set on every item, as
 #: validation would have it, and in this order (the JSON of ``model_dump_json``).
 _ORDER = tuple(LeasedItemOut.model_fields)
+#: The fields set on an item whose reply left ``headers`` out (it has none).
+_NO_HEADERS = frozenset(_ORDER) - {"headers"}
 _new = LeasedItemOut.__new__
 _set = object.__setattr__
 
 
 def leased_items(raw: bytes, kind: str = "msgpack") -> list[LeasedItemOut]:
     """The items of a ``queue.lease`` reply body (``kind`` msgpack or json), each with
-    ``utf8`` filled in when its payload is UTF-8; ``msgspec.DecodeError`` for a body
-    that is not a lease reply.
+    ``utf8`` filled in when its payload is UTF-8 and ``headers`` ({} when the reply
+    left them out); ``msgspec.DecodeError`` for a body that is not a lease reply.
 
     Each is built as ``model_construct`` builds a model (its checked values as its
     ``__dict__``, in the model's order, every field set, no extra, no private
@@ -86,13 +89,15 @@ def leased_items(raw: bytes, kind: str = "msgpack") -> list[LeasedItemOut]:
             except UnicodeDecodeError:
                 utf8 = None
         meta = fields.pop("meta", None)  # the node's order, with utf8 before meta
+        headers = fields.pop("headers", None)  # sent only when there are some
         fields["utf8"] = utf8
         fields["meta"] = meta
+        fields["headers"] = {} if headers is None else headers
         if tuple(fields) != _ORDER:  # another order, or enqueue_at left out (None)
             fields = {name: fields.get(name) for name in _ORDER}
         item = _new(LeasedItemOut)
         _set(item, "__dict__", fields)
-        _set(item, "__pydantic_fields_set__", set(_ORDER))
+        _set(item, "__pydantic_fields_set__", set(_ORDER if headers is not None else _NO_HEADERS))
         _set(item, "__pydantic_extra__", None)
         _set(item, "__pydantic_private__", None)
         items.append(item)

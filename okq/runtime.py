@@ -20,11 +20,13 @@ from typing import Any
 from okq.cell import Cell
 from okq.clock import MAX_CLOCK_SKEW_MS, Clock
 from okq.errors import (
+    InvalidRequest,
     LeaseLost,
     ObjectNotFound,
     QueueNotFound,
     TooLarge,
 )
+from okq.headers import HEADERS_KEY, check_headers
 from okq.keys import (
     check_name,
     lease_key,
@@ -304,6 +306,8 @@ class Runtime:
                     field=f"{field_name}[{n}]",
                 )
             check_time_ms(item.enqueue_at_ms, f"{field_name}[{n}].enqueue_at")
+            if item.meta and HEADERS_KEY in item.meta:
+                _check_headers(item.meta[HEADERS_KEY], f"{field_name}[{n}].headers")
         return batch
 
     def check_batch(self, n: int, field_name: str) -> None:
@@ -316,3 +320,12 @@ class Runtime:
             await q.manifest.close()
             for cell in q.leases.values():
                 await cell.close()
+
+
+def _check_headers(headers: Any, field_name: str) -> None:
+    """Refuse headers that break okq/headers.py's rules (the wire checked them already:
+    this is for library mode, whose items carry them in ``meta``)."""
+    try:
+        check_headers(headers)
+    except ValueError as exc:
+        raise InvalidRequest(f"{field_name}: {exc}", field=field_name) from None

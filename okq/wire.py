@@ -31,7 +31,9 @@ from pydantic import (
 )
 
 from okq.clock import assume_utc
+from okq.headers import check_headers, split_meta
 from okq.limits import (
+    DELAY_MAX,
     LEASE_TIMEOUT_MAX,
     LEASE_TIMEOUT_MIN,
     MAX_ATTEMPTS_MAX,
@@ -91,6 +93,12 @@ def _text(value: str | None) -> str | None:
 
 Time = Annotated[datetime, AfterValidator(_time)]
 Text = Annotated[str, AfterValidator(_text)]
+Headers = Annotated[
+    dict[str, str] | None,
+    BeforeValidator(lambda v: check_headers(v) or None),
+    WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"},
+                    "maxProperties": 10, "description": "string headers (docs/API.md)"}),
+]
 
 
 class Body(BaseModel):
@@ -112,11 +120,16 @@ class ProduceItem(Body):
         description="producer idempotency key: a retried produce with the same key "
         "returns the first id instead of a duplicate (kept for 5 minutes)",
     )
+    headers: Headers = Field(None, description="string headers, kept with the item")
+    delay: float | None = Field(None, ge=0, le=DELAY_MAX, description="deliver no "
+                                "earlier than this many seconds from now (the node's clock)")
 
     @model_validator(mode="after")
     def _one_payload(self) -> ProduceItem:
         if (self.bytes is None) == (self.utf8 is None):
             raise ValueError("give exactly one of 'bytes' and 'utf8'")
+        if self.delay is not None and self.enqueue_at is not None:
+            raise ValueError("give at most one of 'enqueue_at' and 'delay'")
         return self
 
     def payload(self) -> builtins.bytes:
@@ -189,6 +202,7 @@ class LeasedItemOut(Body):
     utf8: str | None = Field(None, description="the payload, when it is valid UTF-8 (JSON "
                              "replies only: msgpack carries the payload once, as binary)")
     meta: dict[str, Any] | None = None
+    headers: dict[str, str] = Field(default_factory=dict, description="the item's headers")
 
 
 class Leased(Protocol):
@@ -219,11 +233,12 @@ def utf8_or_none(payload: builtins.bytes) -> str | None:
 
 def leased_item_out(i: Leased) -> LeasedItemOut:
     """A leased item as the wire shows it: what HTTP clients and workers get."""
+    meta, headers = split_meta(i.meta)
     return LeasedItemOut(
         id=i.id, token=i.token, attempts=i.attempts,
         lease_deadline=to_datetime(i.lease_deadline_ms), produced_at=to_datetime(i.produced_ms),
         enqueue_at=None if i.enqueue_at_ms is None else to_datetime(i.enqueue_at_ms),
-        bytes=i.payload, utf8=utf8_or_none(i.payload), meta=i.meta,
+        bytes=i.payload, utf8=utf8_or_none(i.payload), meta=meta, headers=headers,
     )
 
 
@@ -237,14 +252,20 @@ def iso_time(value_ms: int) -> str:
 def leased_item_plain(i: Leased) -> dict[str, Any]:
     """A leased item as a msgpack reply carries it, built without a model: the
     payload is binary there, so it is not repeated as ``utf8`` (a client that
-    wants text decodes ``bytes``; okq's client fills ``utf8`` in itself)."""
-    return {
+    wants text decodes ``bytes``; okq's client fills ``utf8`` in itself), and
+    ``headers`` only when there are some."""
+    out: dict[str, Any] = {
         "id": i.id, "token": i.token, "attempts": i.attempts,
         "lease_deadline": iso_time(i.lease_deadline_ms),
         "produced_at": iso_time(i.produced_ms),
         "enqueue_at": None if i.enqueue_at_ms is None else iso_time(i.enqueue_at_ms),
         "bytes": i.payload, "meta": i.meta,
     }
+    if i.meta:
+        out["meta"], headers = split_meta(i.meta)
+        if headers:
+            out["headers"] = headers
+    return out
 
 
 class LeaseResponse(Body):
@@ -444,6 +465,7 @@ class ItemOut(Body):
     utf8: str | None = None
     meta: dict[str, Any] | None = None
     error: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict, description="the item's headers")
 
 
 class ItemsListResponse(Body):

@@ -26,6 +26,7 @@ from okq.clock import assume_utc
 from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import Forbidden, InvalidRequest, OkqError
 from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
+from okq.headers import split_meta, with_headers
 from okq.model import QueueConfig
 from okq.ops import Context, Outputs, Retry
 from okq.publisher import NewItem
@@ -143,15 +144,24 @@ def _info(i: QueueInfo) -> s.QueueInfoOut:
 
 
 def _item(i: BrowsedItem) -> s.ItemOut:
+    meta, headers = split_meta(i.meta)
     return s.ItemOut(
         id=i.id, state=i.state, attempts=i.attempts, produced_at=dt(i.produced_ms),
         ready_at=dt(i.ready_ms) if i.ready_ms is not None else None, bytes=i.payload,
-        utf8=text(i.payload), meta=i.meta, error=i.error,
+        utf8=text(i.payload), meta=meta, error=i.error, headers=headers,
     )
 
 
-def _new_items(items: list[s.ProduceItem], *, keys: bool = True) -> list[NewItem]:
-    return [NewItem(i.payload(), ms(i.enqueue_at), i.key if keys else None) for i in items]
+async def _new_items(request: web.Request, items: list[s.ProduceItem], *,
+                     keys: bool = True) -> list[NewItem]:
+    """The items to produce; a ``delay`` counts from now by the node's clock."""
+    now_ms = 0
+    if any(i.delay is not None for i in items):
+        now_ms = (await request.app[TENANTS].pipeline(request[NAMESPACE])).clock.now_ms()
+    return [NewItem(i.payload(),
+                    ms(i.enqueue_at) if i.delay is None else now_ms + int(i.delay * 1000),
+                    i.key if keys else None, with_headers(None, i.headers))
+            for i in items]
 
 
 # -- who asks, and in which namespace ---------------------------------------------------
@@ -179,7 +189,7 @@ async def produce(request: web.Request) -> web.Response:
         queue, items = plain[0], [NewItem(p) for p in plain[1]]
     else:
         body = _validate(raw, s.ProduceRequest)
-        queue, items = body.queue_name, _new_items(body.items)
+        queue, items = body.queue_name, await _new_items(request, body.items)
     ids = await run(request, ops.Produce(queue, items))
     return respond(request, s.ProduceResponse.model_construct(queue_name=queue, ids=ids))
 
@@ -213,7 +223,7 @@ async def complete(request: web.Request) -> web.Response:
         queue, tokens = body.queue_name, body.tokens
         if body.outputs is not None:
             outputs = Outputs(body.outputs.queue_name,
-                              _new_items(body.outputs.items, keys=False))
+                              await _new_items(request, body.outputs.items, keys=False))
     output_ids = await run(request, ops.Complete(queue, tokens, outputs))
     return respond(request, s.CompleteResponse.model_construct(
         queue_name=queue, completed=len(tokens), output_ids=output_ids))

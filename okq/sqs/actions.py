@@ -187,7 +187,7 @@ class SqsApi(MoveActions):
         attributes = self._system_attributes(call, item, kept, system)
         if attributes:
             out["Attributes"] = attributes
-        chosen = msg.select(msg.stored_attributes(kept), wanted)
+        chosen = msg.select(msg.message_attributes(item.meta), wanted)
         if chosen:
             out["MD5OfMessageAttributes"] = msg.md5_of_attributes(chosen)
             out["MessageAttributes"] = {k: a.reply() for k, a in chosen.items()}

@@ -5,7 +5,8 @@ An SQS message is an okq item whose payload is the body (UTF-8) and whose ``meta
 holds what SQS adds under the key ``sqs``: message attributes (binary values as
 base64, so that the native API's JSON can show them), the trace header, the group
 and deduplication ids and the sender's access key. Items produced through okq's
-own API are received through SQS as messages without attributes.
+own API are received through SQS with their headers as message attributes of type
+``String``, and String attributes are the native API's headers (okq/headers.py).
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from okq.errors import InvalidRequest
+from okq.headers import BAD_CHARS, SQS_KEY, native_headers, valid_name
 from okq.keys import parse_item_id
 from okq.sqs.errors import SqsError, invalid
 
-#: The characters SQS accepts in a body or attribute value (XML 1.0's).
-_BAD_CHARS = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_ATTR_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
+_BAD_CHARS = BAD_CHARS  # the characters SQS accepts in a body or attribute value
 _DATA_TYPE = re.compile(r"(String|Number|Binary)(\.[A-Za-z0-9_.\-]{1,245})?")
 MAX_ATTRIBUTES = 10
-META_KEY = "sqs"
+META_KEY = SQS_KEY
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,7 @@ def _attribute(name: Any, value: Any, kind: str, system: bool) -> Attribute:
 
 
 def _check_name(name: Any) -> None:
-    if (not isinstance(name, str) or not _ATTR_NAME.fullmatch(name) or ".." in name
-            or name.startswith(".") or name.endswith(".")
-            or name.lower().startswith(("aws.", "amazon."))):
+    if not valid_name(name):
         raise invalid(f"Message attribute name '{name}' is invalid: 1 to 256 letters, digits, "
                       "'_', '-' and '.', no '..', not starting or ending with '.', not "
                       "starting with 'AWS.' or 'Amazon.'")
@@ -230,3 +228,11 @@ def stored_attributes(kept: Mapping[str, Any]) -> dict[str, Attribute]:
         return {k: Attribute.kept(v) for k, v in raw.items()}
     except (ValueError, TypeError, binascii.Error):
         return {}
+
+
+def message_attributes(meta: Mapping[str, Any] | None) -> dict[str, Attribute]:
+    """An item's message attributes: those SQS kept, and its native headers as
+    attributes of type ``String`` (an item has one or the other, by the front end
+    that produced it; should a name be in both, SQS's typed attribute wins)."""
+    headers = {k: Attribute("String", v) for k, v in native_headers(meta).items()}
+    return {**headers, **stored_attributes(stored(meta))}

@@ -759,6 +759,36 @@ def test_dead_letters_keep_message_attributes(client: Client, name: Names) -> No
     assert back.get("MessageAttributes") == want
 
 
+def test_native_headers_are_string_message_attributes(client: Client, node: Node,
+                                                       name: Names) -> None:
+    """One thing, two names: the native API's headers are received over SQS as String
+    message attributes, and a message's String attributes are a native lease's headers
+    (Number, Binary and custom types stay typed, over SQS only)."""
+    from okq.client import SyncClient
+
+    url = make_queue(client, name())
+    with SyncClient(node.url) as native:
+        native.produce(name(), [{"payload": "native", "headers": {"a": "1", "foo.b": "B"}}])
+        (got,) = receive(client, url, MessageAttributeNames=["All"], VisibilityTimeout=0)
+        want = {"a": {"DataType": "String", "StringValue": "1"},
+                "foo.b": {"DataType": "String", "StringValue": "B"}}
+        assert got["Body"] == "native" and got["MessageAttributes"] == want
+        assert got["MD5OfMessageAttributes"] == ref_md5_attributes(want)
+        (some,) = receive(client, url, MessageAttributeNames=["foo.*"], VisibilityTimeout=0)
+        assert some["MessageAttributes"] == {"foo.b": want["foo.b"]}
+        client.delete_message(QueueUrl=url, ReceiptHandle=some["ReceiptHandle"])
+
+        client.send_message(QueueUrl=url, MessageBody="over sqs", MessageAttributes=ATTRIBUTES)
+        (leased,) = native.lease(name())
+        assert leased.utf8 == "over sqs"
+        assert leased.headers == {"text": "héllo wörld", "foo.a": "A", "foo.b": "B",
+                                  "food": "not foo.*"}
+        assert set(leased.meta["sqs"]["attrs"]) == set(ATTRIBUTES)  # typed, as kept
+        native.retry(name(), leased.token, count_attempt=False)
+    (again,) = receive(client, url, MessageAttributeNames=["All"])
+    assert again["MessageAttributes"] == ATTRIBUTES  # unchanged by the native lease
+
+
 def test_list_dead_letter_source_queues_pages(client: Client, name: Names) -> None:
     dlq = make_queue(client, name("dlq"))
     policy = json.dumps({"deadLetterTargetArn": arn_of(client, dlq), "maxReceiveCount": 5})

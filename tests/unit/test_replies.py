@@ -29,6 +29,9 @@ def engine_items() -> list[SimpleNamespace]:
         (b"", {"source_queue": "q", "attempts": 3, "origin": ["01ID", T0 - 9000]}, None),
         ("caf\u00e9 \u2603".encode(), {"nested": {"k": [1, 2.5, None, b"\x00"]}}, T0 + 1),
         (b"x" * 1024, None, None),
+        (b"with headers", {"headers": {"a": "1", "b": "\u00e9"}}, None),
+        (b"sqs", {"sqs": {"attrs": {"s": ["String", "v"], "n": ["Number", "1"]}},
+                  "headers": {"h": "x"}}, None),
     ]
     return [SimpleNamespace(id=f"{n:026d}", token=f"v1.token{n}", attempts=n + 1,
                             lease_deadline_ms=T0 + 30_000, produced_ms=T0 - n * 7,
@@ -74,7 +77,9 @@ def assert_same(got: list[s.LeasedItemOut], want: list[s.LeasedItemOut]) -> None
         assert g == w
         assert g.model_dump() == w.model_dump()
         assert g.model_dump_json() == w.model_dump_json()
-        assert g.model_fields_set == w.model_fields_set == set(FIELDS)
+        # every field, but headers when the reply left them out (msgpack, none)
+        assert g.model_fields_set == w.model_fields_set
+        assert g.model_fields_set | {"headers"} == set(FIELDS)
 
 
 @pytest.mark.parametrize("kind", ["msgpack", "json"])
@@ -88,7 +93,12 @@ def test_items_equal_full_validation(kind: str) -> None:
         want = s.LeaseResponse.model_validate_json(raw).items
     got = replies.leased_items(raw, kind)
     assert_same(got, want)
-    assert [i.utf8 for i in got] == ["hello", None, "", "caf\u00e9 \u2603", "x" * 1024]
+    assert [i.utf8 for i in got] == ["hello", None, "", "caf\u00e9 \u2603", "x" * 1024,
+                                     "with headers", "sqs"]
+    assert [i.headers for i in got] == [{}, {}, {}, {}, {}, {"a": "1", "b": "\u00e9"},
+                                        {"s": "v", "h": "x"}]
+    assert got[5].meta is None  # the headers are not repeated in meta
+    assert got[6].meta == {"sqs": {"attrs": {"s": ["String", "v"], "n": ["Number", "1"]}}}
     assert got[1].enqueue_at == s.to_datetime(T0 - 5000)
     assert got[0].enqueue_at is None
     assert got[2].meta == {"source_queue": "q", "attempts": 3, "origin": ["01ID", T0 - 9000]}
