@@ -27,6 +27,8 @@ def _export_record(i: s.ItemOut) -> dict[str, Any]:
         rec["bytes"] = base64.b64encode(i.bytes).decode()
     if i.state == "scheduled" and i.ready_at is not None:
         rec["enqueue_at"] = i.ready_at.isoformat()
+    if i.headers:
+        rec["headers"] = i.headers
     if i.meta:
         rec["meta"] = i.meta
     return rec

@@ -19,14 +19,33 @@ if TYPE_CHECKING:
     from okq.client import Client
 
 
+def parse_headers(ctx: click.Context, param: click.Parameter,
+                  value: tuple[str, ...]) -> dict[str, str] | None:
+    """``--header K=V`` options as headers (None: none given), checked as the node would."""
+    from okq.headers import check_headers
+
+    headers = {}
+    for given in value:
+        name, eq, text = given.partition("=")
+        if not eq:
+            raise click.BadParameter(f"{given!r} is not NAME=VALUE", ctx, param)
+        headers[name] = text
+    try:
+        return check_headers(headers) or None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
-               key: str | None, enqueue_at: datetime | None) -> Iterator[s.ProduceItem]:
-    """Items from arguments, or one per line of a file or stdin ('-')."""
+               key: str | None, enqueue_at: datetime | None,
+               headers: dict[str, str] | None = None) -> Iterator[s.ProduceItem]:
+    """Items from arguments, or one per line of a file or stdin ('-'); ``headers`` on
+    each (a JSON line's own headers win over them)."""
     from okq import wire as s
 
     if payloads:
         for n, p in enumerate(payloads):
-            yield s.ProduceItem(utf8=p, enqueue_at=enqueue_at,
+            yield s.ProduceItem(utf8=p, enqueue_at=enqueue_at, headers=headers,
                                 key=f"{key}:{n}" if key and len(payloads) > 1 else key)
         return
     stream = sys.stdin if file in (None, "-") else open(file, encoding="utf-8")
@@ -39,9 +58,12 @@ def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
                 item = parse_jsonl_item(line, lineno)
                 if item.enqueue_at is None and enqueue_at is not None:
                     item.enqueue_at = enqueue_at
+                if headers:
+                    item = item.model_copy(update={"headers": {**headers,
+                                                               **(item.headers or {})}})
                 yield item
             else:
-                yield s.ProduceItem(utf8=line, enqueue_at=enqueue_at,
+                yield s.ProduceItem(utf8=line, enqueue_at=enqueue_at, headers=headers,
                                     key=f"{key}:{lineno}" if key else None)
 
 
@@ -58,7 +80,7 @@ def parse_jsonl_item(line: str, lineno: int) -> s.ProduceItem:
         return s.ProduceItem(utf8=raw)
     if not isinstance(raw, dict):
         raise ValueError(f"line {lineno}: expected an object or a string")
-    item = {k: raw[k] for k in ("utf8", "bytes", "enqueue_at", "key") if k in raw}
+    item = {k: raw[k] for k in ("utf8", "bytes", "enqueue_at", "key", "headers") if k in raw}
     if not item.keys() & {"utf8", "bytes"}:
         item["utf8"] = json.dumps(raw)  # a plain JSON record: the record is the payload
     try:
@@ -74,12 +96,16 @@ def parse_jsonl_item(line: str, lineno: int) -> s.ProduceItem:
 @click.argument("payloads", nargs=-1)
 @click.option("--file", "-f", help="read items from a file, one per line ('-': stdin)")
 @click.option("--jsonl", is_flag=True,
-              help="lines are JSON: an item {utf8|bytes, enqueue_at, key} or any record")
+              help="lines are JSON: an item {utf8|bytes, enqueue_at, key, headers} or any "
+              "record")
 @click.option("--key", help="idempotency key (with several items: KEY:N)")
 @click.option("--at", "at", help="deliver no earlier than this (RFC 3339, or +SECONDS)")
+@click.option("--header", "headers", multiple=True, callback=parse_headers,
+              metavar="NAME=VALUE", help="a header on every item (repeatable)")
 @run
 async def produce(ctx: Ctx, c: Client, queue: str, payloads: tuple[str, ...],
-                  file: str | None, jsonl: bool, key: str | None, at: str | None) -> None:
+                  file: str | None, jsonl: bool, key: str | None, at: str | None,
+                  headers: dict[str, str] | None) -> None:
     """Produce items from arguments, a file or stdin."""
     if not payloads and file is None and sys.stdin.isatty():
         raise click.UsageError("give payloads as arguments, --file, or pipe them to stdin")
@@ -87,7 +113,7 @@ async def produce(ctx: Ctx, c: Client, queue: str, payloads: tuple[str, ...],
     jsonl = jsonl or bool(file and file.endswith(".jsonl"))
     # Read and check every item first: a bad line fails the command before anything
     # is produced, so fixing the file and running again duplicates nothing.
-    all_items = list(read_items(payloads, file, jsonl, key, enqueue_at))
+    all_items = list(read_items(payloads, file, jsonl, key, enqueue_at, headers))
     if not all_items:
         raise click.UsageError("nothing to produce: the input holds no items")
     bar = progress(ctx, len(all_items), "producing")
@@ -122,6 +148,9 @@ async def lease(ctx: Ctx, c: Client, queue: str, batch_size: int,
         for i in items:
             out.print(f"{i.id}  attempts={i.attempts}  deadline={i.lease_deadline:%H:%M:%S}"
                       f"  {show_payload(i)}", highlight=False)
+            if i.headers:
+                out.print("  headers " + " ".join(f"{k}={v}" for k, v in i.headers.items()),
+                          highlight=False, soft_wrap=True)
             out.print(f"  token {i.token}", highlight=False, soft_wrap=True)
 
     emit(ctx, items, text)
