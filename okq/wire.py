@@ -38,6 +38,7 @@ from okq.limits import (
     LEASE_TIMEOUT_MIN,
     MAX_ATTEMPTS_MAX,
     MAX_ATTEMPTS_MIN,
+    MAX_HEADERS,
     MAX_TIME_MS,
     REQUEST_TIMEOUT_MAX,
     RETENTION_MAX,
@@ -97,7 +98,7 @@ Headers = Annotated[
     dict[str, str] | None,
     BeforeValidator(lambda v: check_headers(v) or None),
     WithJsonSchema({"type": "object", "additionalProperties": {"type": "string"},
-                    "maxProperties": 10, "description": "string headers (docs/API.md)"}),
+                    "maxProperties": MAX_HEADERS, "description": "string headers (docs/API.md)"}),
 ]
 
 

@@ -148,10 +148,10 @@ async def lease(ctx: Ctx, c: Client, queue: str, batch_size: int,
         for i in items:
             out.print(f"{i.id}  attempts={i.attempts}  deadline={i.lease_deadline:%H:%M:%S}"
                       f"  {show_payload(i)}", highlight=False)
+            out.print(f"  token {i.token}", highlight=False, soft_wrap=True)
             if i.headers:
                 out.print("  headers " + " ".join(f"{k}={v}" for k, v in i.headers.items()),
                           highlight=False, soft_wrap=True)
-            out.print(f"  token {i.token}", highlight=False, soft_wrap=True)
 
     emit(ctx, items, text)
 
