@@ -36,6 +36,16 @@ def parse_headers(ctx: click.Context, param: click.Parameter,
         raise click.BadParameter(str(exc), ctx, param) from None
 
 
+def _merged(headers: dict[str, str], item: s.ProduceItem, lineno: int) -> dict[str, str]:
+    """A JSON line's headers over ``--header``'s, checked (a ValueError names the line)."""
+    from okq.headers import check_headers
+
+    try:
+        return check_headers({**headers, **(item.headers or {})})
+    except ValueError as exc:
+        raise ValueError(f"line {lineno}: headers: {exc}") from None
+
+
 def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
                key: str | None, enqueue_at: datetime | None,
                headers: dict[str, str] | None = None) -> Iterator[s.ProduceItem]:
@@ -59,8 +69,7 @@ def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
                 if item.enqueue_at is None and enqueue_at is not None:
                     item.enqueue_at = enqueue_at
                 if headers:
-                    item = item.model_copy(update={"headers": {**headers,
-                                                               **(item.headers or {})}})
+                    item = item.model_copy(update={"headers": _merged(headers, item, lineno)})
                 yield item
             else:
                 yield s.ProduceItem(utf8=line, enqueue_at=enqueue_at, headers=headers,

@@ -38,13 +38,13 @@ async def url(tmp_path: Path) -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-async def okq(url: str, *args: str) -> Any:
+async def okq(url: str, *args: str, stdin: str | None = None, code: int = 0) -> Any:
     """``okq -o json ARGS`` against the node, run in a thread (the node serves on
-    this loop); its JSON output."""
+    this loop); its JSON output (or, when it must fail with ``code``, its output)."""
     result = await asyncio.to_thread(CliRunner().invoke, main,
-                                     ["--url", url, "-o", "json", *args])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+                                     ["--url", url, "-o", "json", *args], input=stdin)
+    assert result.exit_code == code, result.output
+    return json.loads(result.output) if code == 0 else result.output
 
 
 async def test_headers_kept_through_retry_dead_letter_redrive_export_import(
@@ -90,9 +90,20 @@ async def test_cli_produce_with_headers(url: str) -> None:
     items = await okq(url, "items", "cli")
     assert [(i["utf8"], i["headers"]) for i in items] == [
         ("one", {"a": "1", "b": "x=y"}), ("two", {"a": "1", "b": "x=y"})]
-    bad = await asyncio.to_thread(CliRunner().invoke, main,
-                                  ["--url", url, "produce", "cli", "x", "--header", "AWS.x=1"])
-    assert bad.exit_code == 2 and "'AWS.x' is not a header name" in bad.output
+    bad = await okq(url, "produce", "cli", "x", "--header", "AWS.x=1", code=2)
+    assert "'AWS.x' is not a header name" in bad
+
+    lines = ['{"utf8": "own", "headers": {"b": "mine", "c": "3"}}', '"plain"']
+    await okq(url, "produce", "cli", "--jsonl", "--header", "a=1", "--header", "b=2",
+              stdin="\n".join(lines))
+    items = await okq(url, "items", "cli")
+    assert [i["headers"] for i in items[2:]] == [{"a": "1", "b": "mine", "c": "3"},
+                                                 {"a": "1", "b": "2"}]
+    many = json.dumps({"utf8": "x", "headers": {f"h{n}": "v" for n in range(9)}})
+    bad = await okq(url, "produce", "cli", "--jsonl", "--header", "a=1", "--header", "b=2",
+                    stdin=f'"fine"\n{many}\n', code=1)
+    assert "line 2: headers: holds 11 headers; the limit is 10" in bad
+    assert len(await okq(url, "items", "cli")) == 4  # nothing of the refused input
 
 
 async def test_bad_headers_over_http_and_delay(url: str) -> None:
