@@ -18,6 +18,7 @@ from okq.errors import (
     InvalidRequest,
     ObjectNotFound,
 )
+from okq.headers import headers_of
 from okq.keys import (
     item_id,
 )
@@ -51,6 +52,11 @@ class LeasedItem:
     enqueue_at_ms: int | None = None
     meta: dict[str, Any] | None = None
     first_leased_ms: int | None = None  # when the item was first leased
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Its headers (okq/headers.py): those in its meta, and its SQS String attributes."""
+        return headers_of(self.meta)
 
 
 @dataclass

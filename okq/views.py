@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from okq.errors import (
     QueueNotFound,
 )
+from okq.headers import headers_of
 from okq.keys import (
     item_id,
     leases_prefix,
@@ -51,6 +52,11 @@ class BrowsedItem:
     payload: bytes
     meta: dict[str, Any] | None
     error: str | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Its headers (okq/headers.py): those in its meta, and its SQS String attributes."""
+        return headers_of(self.meta)
 
 
 #: Segments (with their lease objects) that stats reads at once: bounds the

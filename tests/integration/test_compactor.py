@@ -24,6 +24,7 @@ from compactor import Compactor, CompactorOptions, Report
 from okq import Engine, LeasedItem, ManualClock, NewItem, QueueConfig, SystemClock
 from okq.clock import Clock, OffsetClock
 from okq.errors import PublishAborted
+from okq.headers import with_headers
 from okq.keys import lease_key, manifest_key, segment_key
 from okq.leases import DEAD, DONE, decode_lease
 from okq.model import Manifest, decode_manifest
@@ -208,7 +209,8 @@ class Twins:
         for s in range(10):  # 10 narrow segments; item 7 of each is scheduled
             at = self.scheduled_at(s)
             self.ready[f"s{s}-7".encode()] = at
-            batch = [NewItem(f"s{s}-{i}".encode(), at if i == 7 else None) for i in range(8)]
+            batch = [NewItem(f"s{s}-{i}".encode(), at if i == 7 else None,
+                             meta=with_headers(None, {"item": f"s{s}-{i}"})) for i in range(8)]
             for q in "ab":
                 await e.produce(q, batch)
             self.clock.advance(1)
@@ -281,6 +283,7 @@ async def test_merge_keeps_in_flight_state(store: Store, clock: ManualClock) -> 
         f"s{s}-{i}".encode() for s in range(10) for i in range(8)} - tw.completed
     assert {p: _browsed(i) for p, i in view["a"].items()} == {
         p: _browsed(i) for p, i in view["b"].items()}
+    assert all(i.headers == {"item": p.decode()} for p, i in view["a"].items())
     s12, s57 = view["a"][b"s1-2"], view["a"][b"s5-7"]
     assert (s12.state, s12.attempts, s12.error, s12.ready_ms) == (
         "waiting", 1, "boom 1-2", tw.retry_at(1, 2))

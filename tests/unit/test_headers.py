@@ -110,6 +110,14 @@ def test_native_headers_are_sqs_string_attributes() -> None:
     assert msg.message_attributes(None) == {}
 
 
+def test_engine_items_show_headers() -> None:
+    from okq.scheduler import LeasedItem
+
+    item = LeasedItem("i", "q", "t", 1, 1, b"p", 1, meta={**SQS_META, "headers": {"a": "1"}})
+    assert item.headers == {"a": "1", "s": "from sqs"}
+    assert LeasedItem("i", "q", "t", 1, 1, b"p", 1).headers == {}
+
+
 def test_wire_items_show_headers_and_meta_without_them() -> None:
     from types import SimpleNamespace
 
