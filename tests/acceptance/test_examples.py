@@ -7,15 +7,20 @@ that stops working fails here.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.nodes import Node
+from tests.nodes import Node, free_port
 from tests.sqs_support import ACCESS_KEY, SECRET_KEY, sqs_node
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -92,3 +97,50 @@ def test_celery_app(node: Node, tmp_path: Path) -> None:
     assert "word counts: [1, 2, 3]" in done.stdout, log
     # flaky_square returns only when Celery retries it: its first try always raises
     assert "squares: [1, 4, 9]" in done.stdout, log
+
+
+def test_fastapi_service_and_its_worker(node: Node, tmp_path: Path) -> None:
+    env = env_for(node, tmp_path)
+    folder = EXAMPLES / "fastapi_service"
+    port = free_port()
+    service = subprocess.Popen(
+        [str(BIN / "uvicorn"), "service:app", "--port", str(port), "--log-level", "warning"],
+        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        answers = [post_json(f"http://127.0.0.1:{port}/orders", body, headers, service)
+                   for body, headers in [({"sku": "book-42", "quantity": 2}, {"x-tenant": "acme"}),
+                                         ({"sku": "pen", "quantity": 9},
+                                          {"x-tenant": "globex", "x-trace-id": "t-123"})]]
+        refused = post_json(f"http://127.0.0.1:{port}/orders", {"sku": "", "quantity": 1}, {},
+                            service, expect=422)
+    finally:
+        service.terminate()
+        log, _ = service.communicate(timeout=30)
+    assert all(status == 202 for status, _ in answers), (answers, log)
+    assert answers[1][1]["trace_id"] == "t-123"
+    assert refused[1]["detail"][0]["loc"] == ["body", "sku"]
+
+    done = run([sys.executable, "worker.py", "--limit", "2"], env, folder, timeout=60)
+    trace = answers[0][1]["trace_id"]
+    assert f"shipped 2 x book-42 for acme (trace {trace})" in done.stdout
+    assert "shipped 9 x pen for globex (trace t-123)" in done.stdout
+    assert "done: 2 shipped, 0 dead-lettered" in done.stdout
+
+
+def post_json(url: str, body: dict[str, object], headers: dict[str, str],
+              service: subprocess.Popen[str], expect: int = 202) -> tuple[int, Any]:
+    """POST ``body`` once the service answers (it starts in a second or so)."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json", **headers})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            assert exc.code == expect, exc.read()
+            return exc.code, json.loads(exc.read())
+        except urllib.error.URLError:
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
