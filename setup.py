@@ -9,6 +9,10 @@ okq/_compiled/build.json records whether that happened, why not, and the
 SHA-256 of each source compiled, and the C compiler found (or none): okq/native.py
 reads it to choose. Nothing here fails the install: without mypyc or a working C
 compiler, the record says why and okq runs the pure path.
+
+``OKQ_PURE=1`` in the build's environment skips the compilation (about 25 s) and
+installs the pure path, as it chooses the pure path at run time: for a throwaway
+install (tests/acceptance/test_testing_install.py installs okq into a venv).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def write_record(folder: Path, compiled: bool, reason: str) -> None:
 
 def compiled_extensions() -> tuple[list[Extension], str]:
     """mypyc's extensions for okq/_pure's modules, or none and the reason."""
+    if os.environ.get("OKQ_PURE", "") not in ("", "0"):
+        return [], "OKQ_PURE was set when it was built"
     try:
         from mypyc.build import mypycify
     except ImportError as exc:
