@@ -1,30 +1,22 @@
 """okq.testing, the pytest plugin, as a user's suite meets it: pytest's own
 ``pytester`` runs a user's test file (tests/plugin_user.py) and the examples of the
 README and docs/TESTING.md against the plugin's fixtures on each store, and the
-plugin stays out of the way of runs that do not
-use it (okq's own suite loads it too: entry points load in every pytest run)."""
+plugin stays out of the way of runs that do not use it (okq's own suite loads it
+too: entry points load in every pytest run)."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
-import boto3  # noqa: F401  (see below)
-import moto.server  # noqa: F401
 import pytest
 
-import okq.store.s3
 import okq.testing
-import okq.testing.drain
-import okq.testing.node
 from tests.plugin_user import FAILING_TEST, FAILURE, PASSED, PYTEST_CONFIG, USER_TESTS
 
-# pytester runs the user's suite in this process (a subprocess would spend seconds
-# importing this environment's other plugins) and, after each run, forgets the modules
-# that the run imported: okq's, moto's and boto3's are imported here first, so that each
-# run uses the same ones (an okq.ops of a second run would not be the engine's).
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -38,6 +30,18 @@ def first_python_block(doc: str, after: str) -> str:
     text = (ROOT / doc).read_text(encoding="utf-8")
     assert after in text, f"{doc} no longer has {after!r}"
     return text.split(after, 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _modules_the_runs_share() -> None:
+    """pytester runs the user's suite in this process (a subprocess would spend seconds
+    importing this environment's other plugins) and, after each run, forgets the modules
+    that the run imported: okq's, moto's and boto3's are imported first, so that every
+    run uses the same ones (an okq.ops of a second run would not be the engine's). Here,
+    not at the top: every xdist worker imports every test module."""
+    for name in ("okq.testing.node", "okq.testing.drain", "okq.store.s3", "moto.server",
+                 "boto3"):
+        importlib.import_module(name)
 
 
 #: The examples of the README and docs/TESTING.md, each a user's test file.
