@@ -132,13 +132,16 @@ def test_a_project_outside_okqs_tree_installs_okq_testing_and_its_tests_pass(
         tmp_path: Path) -> None:
     project = make_project(tmp_path / "shop")
     python = make_venv(tmp_path / "venv")
+    # --no-compile: the run compiles the modules it imports, not pip all of them (1 s)
     install = [str(python), "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation",
-               f"{copy_okq(tmp_path / 'okq-src')}[testing]", f"{project}[test]"]
+               "--no-compile", f"{copy_okq(tmp_path / 'okq-src')}[testing]", f"{project}[test]"]
     subprocess.run(install, check=True, cwd=tmp_path, env=clean_environment(OKQ_PURE="1"),
                    capture_output=True)
-    where = subprocess.run([str(python), "-c", "import okq.testing; print(okq.testing.__file__)"],
-                           check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    probe = "import okq.native, okq.testing; print(okq.testing.__file__); print(okq.native.CHOICE)"
+    where, choice = subprocess.run([str(python), "-c", probe], check=True, capture_output=True,
+                                   text=True, cwd=tmp_path).stdout.splitlines()
     assert where.startswith(str(tmp_path / "venv")), where  # the installed okq, not ours
+    assert "OKQ_PURE was set when it was built" in choice, choice  # no mypyc compile
 
     run = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *NOT_THEIRS],
                          cwd=project, env=clean_environment(), capture_output=True, text=True,
