@@ -12,10 +12,13 @@ from __future__ import annotations
 #: The user's test module (asyncio_mode = auto in their configuration).
 USER_TESTS = '''
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from okq.errors import QueueNotFound
+from okq.errors import InvalidRequest, QueueNotFound
+from okq.testing.drain import NotDrained
+from okq.wire import ProduceItem
 from okq.worker import Failed
 
 SCHEMES = {"memory": "memory://", "file": "file://", "moto": "s3://"}
@@ -46,6 +49,9 @@ def test_queue_factory(okq_sync_client, okq_queue):
     assert queue.startswith("jobs-") and queue != okq_queue("jobs")
     info = okq_sync_client.queue_info(queue)
     assert (info.max_attempts, info.dead_queue) == (2, dead)
+    with pytest.raises(InvalidRequest) as refused:
+        okq_queue(max_attempts=-1)
+    assert refused.value.field == "max_attempts"
 
 
 def test_sqs(okq_sqs):
@@ -84,6 +90,18 @@ def test_drain_from_a_sync_test(okq_sync_client, okq_queue, okq_drain):
     assert sorted(seen) == [b"1", b"2"]
 
 
+async def test_a_queue_with_an_item_for_later_does_not_drain(okq_client, okq_queue, okq_drain):
+    queue = okq_queue()
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    await okq_client.produce(queue, [b"now", ProduceItem(bytes=b"later", enqueue_at=later)])
+
+    async def handler(item):
+        pass
+
+    with pytest.raises(NotDrained, match="1 scheduled"):
+        await okq_drain(queue, handler, timeout=0.5)
+
+
 async def test_drain_of_a_missing_queue_raises(okq_drain):
     async def handler(item):
         pass
@@ -106,7 +124,7 @@ async def test_fails_on_purpose(okq_client, okq_queue, okq_drain):
 '''
 
 #: How many tests USER_TESTS has: all pass.
-PASSED = 8
+PASSED = 9
 #: What FAILING_TEST says.
 FAILURE = "assert 2 == 3"
 
