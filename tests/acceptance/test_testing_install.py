@@ -1,6 +1,6 @@
 """A project outside okq's tree installs ``okq[testing]``, and its own tests, written
-against okq.testing's fixtures (tests/plugin_user.py), pass on memory:// and moto:
-in one pytest run, as its conftest.py asks for every test on both stores.
+against okq.testing's fixtures (tests/plugin_user.py), pass on memory:// and moto,
+in one pytest run: its conftest.py asks for every test on each store.
 
 The project is made in a temporary folder with its own pyproject.toml, which
 depends on ``okq[testing]``; a new virtual environment gets okq (built from a copy
@@ -8,6 +8,11 @@ of this checkout) and the project installed by pip, with nothing downloaded: the
 environment sees this one's packages (a .pth line), pip builds without isolation
 and without an index, and ``OKQ_PURE=1`` skips the mypyc compile (setup.py). pytest
 then finds the plugin by its entry point, as it would in the user's environment.
+
+The suite's short form runs the project's tests on memory:// only: the moto half
+costs as much CPU as the rest of the run (moto's import and server), and the same
+user tests run on moto in tests/integration/test_testing_plugin.py. The long form,
+on both stores: ``OKQ_INSTALL_STORES=memory,moto pytest tests/acceptance/test_testing_install.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 from tests.plugin_user import PASSED, PYTEST_CONFIG, USER_TESTS
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+#: The stores the project's tests run on (see the module's docstring).
+STORES = [kind.strip() for kind in os.environ.get("OKQ_INSTALL_STORES", "memory").split(",")]
 #: What building okq takes from the checkout.
 SOURCES = ("okq", "compactor", "pyproject.toml", "setup.py", "README.md")
 #: Plugins of okq's own test environment that a user's would not have, and that take
@@ -55,12 +62,12 @@ async def place(client, queue, order):
     return item_id
 '''
 
-#: The project's conftest.py: every test on both stores, in one run (docs/TESTING.md).
+#: The project's conftest.py: every test on each store, in one run (docs/TESTING.md).
 CONFTEST = '''
 import pytest
 
 
-@pytest.fixture(scope="session", params=["memory", "moto"])
+@pytest.fixture(scope="session", params={stores!r})
 def okq_store_kind(request):
     return request.param
 '''
@@ -93,7 +100,7 @@ def make_project(folder: Path) -> Path:
     (folder / "tests").mkdir(parents=True)
     (folder / "pyproject.toml").write_text(PROJECT + PYTEST_CONFIG)
     (folder / "shop.py").write_text(SHOP)
-    (folder / "tests" / "conftest.py").write_text(CONFTEST)
+    (folder / "tests" / "conftest.py").write_text(CONFTEST.format(stores=STORES))
     (folder / "tests" / "test_user.py").write_text(USER_TESTS)
     (folder / "tests" / "test_shop.py").write_text(SHOP_TESTS)
     return folder
@@ -143,8 +150,11 @@ def test_a_project_outside_okqs_tree_installs_okq_testing_and_its_tests_pass(
     assert where.startswith(str(tmp_path / "venv")), where  # the installed okq, not ours
     assert "OKQ_PURE was set when it was built" in choice, choice  # no mypyc compile
 
-    run = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *NOT_THEIRS],
+    run = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-v",
+                          *NOT_THEIRS],
                          cwd=project, env=clean_environment(), capture_output=True, text=True,
                          timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert f"{2 * (PASSED + 1)} passed" in run.stdout, run.stdout
+    assert f"{len(STORES) * (PASSED + 1)} passed" in run.stdout, run.stdout
+    for kind in STORES:
+        assert f"test_an_order_is_placed[{kind}] PASSED" in run.stdout, run.stdout
