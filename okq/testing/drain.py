@@ -70,9 +70,14 @@ async def drain(url: str, queue: str, handler: Handler, *, concurrency: int = 4,
         running = asyncio.create_task(worker.run())
         try:
             await _until_drained(client, queue, running, began + timeout)
-        finally:
-            worker.stop()  # graceful: what is running finishes, and is counted
-            await _stopped(running)
+        except BaseException:  # not drained, or cancelled: stop now, items go back
+            running.cancel()
+            await asyncio.wait({running})
+            if not running.cancelled():
+                running.exception()  # retrieved: this error is the one to raise
+            raise
+        worker.stop()  # drained: graceful, so that what is finishing is counted
+        await _stopped(running)
         stats = running.result()  # raises what stopped the worker, if anything did
     return Drained(**asdict(stats), deliveries=deliveries, seconds=time.monotonic() - began)
 
