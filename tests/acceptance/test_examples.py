@@ -144,3 +144,12 @@ def post_json(url: str, body: dict[str, object], headers: dict[str, str],
             if service.poll() is not None or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def test_a_users_own_suite_with_the_pytest_plugin(tmp_path: Path) -> None:
+    """examples/user_tests runs as its own project would: pytest in its folder, the
+    plugin found by its entry point (this venv has okq installed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "OKQ_"))}
+    done = run([str(BIN / "pytest"), "-p", "no:cacheprovider", "-q"], env,
+               EXAMPLES / "user_tests")
+    assert "4 passed" in done.stdout, done.stdout
