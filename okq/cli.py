@@ -33,7 +33,8 @@ def main(ctx: click.Context, url: str, api_key: str | None, output: str,
          timeout: float, namespace: str | None, ca_file: str | None) -> None:
     """okq: a durable message queue on object storage.
 
-    `okq serve` runs a node; the other commands talk to one.
+    `okq serve` runs a node; the other commands talk to one. Their options
+    above may also come after the command: `okq stats jobs -o json`.
     """
     ctx.obj = Ctx(url, api_key, output, timeout, namespace, ca_file)
 

@@ -1,5 +1,5 @@
-"""The item commands: produce, lease, complete, retry, items (browse) and work
-(shell workers)."""
+"""The item commands: produce, lease, renew, complete, retry, items (browse) and
+work (shell workers)."""
 
 from __future__ import annotations
 
@@ -163,6 +163,18 @@ async def lease(ctx: Ctx, c: Client, queue: str, batch_size: int,
                           highlight=False, soft_wrap=True)
 
     emit(ctx, items, text)
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("token")
+@click.option("--lease-timeout", type=float, help="seconds from now (default: the queue's)")
+@run
+async def renew(ctx: Ctx, c: Client, queue: str, token: str, lease_timeout: float | None) -> None:
+    """Extend a lease: it lasts from now for --lease-timeout seconds."""
+    deadline = await c.renew(queue, token, lease_timeout)
+    emit(ctx, {"queue_name": queue, "lease_deadline": deadline.isoformat()},
+         lambda: out.print(f"leased until {deadline:%Y-%m-%d %H:%M:%S}"))
 
 
 @click.command()

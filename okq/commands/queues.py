@@ -1,5 +1,5 @@
 """The queue and dead-letter commands: queues create|list|info|update|delete,
-stats [--watch], dead list|redrive."""
+stats [--watch], purge, dead list|redrive."""
 
 from __future__ import annotations
 
@@ -88,28 +88,41 @@ async def queues_delete(ctx: Ctx, c: Client, name: str) -> None:
     emit(ctx, {"name": name}, lambda: out.print(f"deleted {name}"))
 
 
+async def _all_stats(c: Client, names: tuple[str, ...]) -> list[s.StatsResponse]:
+    """The counts of the queues named, or of every queue (read again each time: a
+    queue made since shows up)."""
+    if not names:
+        names = tuple(q.name for q in await c.list_queues())
+    return [await c.stats(q) for q in names]
+
+
+def _show_stats(rows: list[s.StatsResponse]) -> None:
+    out.print(stats_table(rows) if rows else "no queues")
+
+
 @click.command()
-@click.argument("queues_", metavar="QUEUE...", nargs=-1, required=True)
+@click.argument("queues_", metavar="[QUEUE]...", nargs=-1)
 @click.option("--watch", "-w", is_flag=True, help="refresh until interrupted")
 @click.option("--interval", type=float, default=2.0, show_default=True)
 @run
 async def stats(ctx: Ctx, c: Client, queues_: tuple[str, ...], watch: bool,
                 interval: float) -> None:
-    """Counts by state: a readable table, or JSON."""
+    """Counts by state of the queues named, or of every queue: a table, or JSON
+    (a list, one object per queue)."""
     import asyncio
 
     from rich.live import Live
 
-    rows = [await c.stats(q) for q in queues_]
+    rows = await _all_stats(c, queues_)
     if not watch:
-        emit(ctx, rows, lambda: out.print(stats_table(rows)))
+        emit(ctx, rows, lambda: _show_stats(rows))
         return
     if ctx.json:  # one JSON document per refresh, for a pipe
         try:
             while True:
                 click.echo(json.dumps(plain(rows)))
                 await asyncio.sleep(interval)
-                rows = [await c.stats(q) for q in queues_]
+                rows = await _all_stats(c, queues_)
         except asyncio.CancelledError:  # Ctrl-C
             return
     if not out.is_terminal:  # a pipe or a file: a line per queue per refresh, as a log
@@ -119,7 +132,7 @@ async def stats(ctx: Ctx, c: Client, queues_: tuple[str, ...], watch: bool,
         try:
             while True:
                 await asyncio.sleep(interval)
-                rows = [await c.stats(q) for q in queues_]
+                rows = await _all_stats(c, queues_)
                 live.update(stats_table(rows), refresh=True)
         except asyncio.CancelledError:
             return
@@ -137,11 +150,23 @@ async def _watch_lines(c: Client, queues_: tuple[str, ...], rows: list[s.StatsRe
                 click.echo(stats_line(r))
             sys.stdout.flush()
             await asyncio.sleep(interval)
-            rows = [await c.stats(q) for q in queues_]
+            rows = await _all_stats(c, queues_)
     except asyncio.CancelledError:  # Ctrl-C
         return
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
+@run
+async def purge(ctx: Ctx, c: Client, queue: str, yes: bool) -> None:
+    """Drop every item of a queue (asks first, unless --yes)."""
+    if not yes:  # anything but y (or no terminal to ask on) leaves it: "Aborted!", exit 1
+        click.confirm(f"drop every item of {queue}?", abort=True, err=True)
+    await c.purge(queue)
+    emit(ctx, {"queue_name": queue, "purged": True}, lambda: out.print(f"purged {queue}"))
 
 
 @click.group()
