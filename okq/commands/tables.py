@@ -52,14 +52,23 @@ def stats_line(r: s.StatsResponse) -> str:
     return f"{datetime.now():%H:%M:%S} {r.queue_name} {counts} oldest={r.oldest_age:.1f}s"
 
 
+def dead_attempts(item: s.ItemOut) -> int:
+    """The deliveries a dead letter had: those in the queue it came from (its meta's
+    ``attempts``, recorded when it was dead-lettered), plus any in the dead-letter
+    queue itself (the item's own ``attempts``, which start again at 0 there)."""
+    source = (item.meta or {}).get("attempts")
+    return item.attempts + (source if isinstance(source, int) else 0)
+
+
 def items_table(items: list[s.ItemOut], dead: bool = False) -> Table:
     cols = ["id", "state", "attempts", "produced"] + (["from", "error"] if dead else []) + [
         "payload"]
     t = Table(*cols)
     for i in items:
-        row = [i.id, i.state, str(i.attempts), f"{i.produced_at:%Y-%m-%d %H:%M:%S}"]
+        meta = i.meta or {}
+        row = [i.id, i.state, str(dead_attempts(i) if dead else i.attempts),
+               f"{i.produced_at:%Y-%m-%d %H:%M:%S}"]
         if dead:
-            meta = i.meta or {}
             row += [str(meta.get("source_queue", "-")), str(meta.get("error") or "-")]
         t.add_row(*row, show_payload(i))
     return t
