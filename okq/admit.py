@@ -25,7 +25,8 @@ from typing import Any, TypeVar, cast
 
 from okq import ops
 from okq.engine import Engine
-from okq.errors import InvalidRequest, Overloaded
+from okq.errors import Overloaded
+from okq.limits import check_wait
 from okq.scheduler import LeasedItem
 
 R = TypeVar("R")
@@ -100,10 +101,7 @@ class Admit:
         return items
 
     async def _admitted(self, op: ops.Lease, ctx: ops.Context) -> list[LeasedItem]:
-        max_wait = self.engine.opts.max_wait
-        if op.wait > max_wait:
-            raise InvalidRequest(f"request_timeout: at most {max_wait} seconds",
-                                 field="request_timeout")
+        check_wait(op.wait, self.engine.opts.max_wait)
         limit = self.admission.max_waiting
         if op.wait > 0 and self._waiting[op.queue] >= limit:
             raise Overloaded(f"{limit} lease requests are already waiting on this queue",

@@ -39,6 +39,15 @@ def check_lease_timeout(value: float | None, field: str = "lease_timeout") -> No
         )
 
 
+def check_wait(value: float, max_wait: float, field: str = "request_timeout") -> None:
+    """Refuse a long poll shorter than 0 or longer than the node allows (its
+    ``--max-wait``, itself at most ``REQUEST_TIMEOUT_MAX``): the one wording of this
+    limit, wherever a long poll is checked; ``details.limit`` gives it."""
+    if not 0 <= value <= max_wait:
+        raise InvalidRequest(f"{field} must be 0 to {max_wait:g} seconds (the node's "
+                             "--max-wait)", field=field, limit=max_wait)
+
+
 def check_time_ms(value: int | None, field: str) -> None:
     """Refuse an absolute time (ms since the epoch) out of range (None: unset)."""
     if value is not None and not 0 <= value <= MAX_TIME_MS:

@@ -15,7 +15,6 @@ from okq import leases as tr
 from okq.cell import Cell
 from okq.changes import Unchanged
 from okq.errors import (
-    InvalidRequest,
     ObjectNotFound,
 )
 from okq.headers import headers_of
@@ -23,7 +22,7 @@ from okq.keys import (
     item_id,
 )
 from okq.leases import LeaseObject, exhausted
-from okq.limits import check_lease_timeout
+from okq.limits import check_lease_timeout, check_wait
 from okq.model import (
     Manifest,
     QueueConfig,
@@ -100,9 +99,7 @@ class Scheduler:
         self.rt.check_batch(batch, "batch_size")
         if lease_timeout != 0:
             check_lease_timeout(lease_timeout)
-        if not 0 <= wait <= self.rt.opts.max_wait:
-            raise InvalidRequest(f"request_timeout must be 0 to {self.rt.opts.max_wait} seconds",
-                                 field="request_timeout")
+        check_wait(wait, self.rt.opts.max_wait)
         q = self.rt.queue(queue)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + wait

@@ -184,10 +184,12 @@ class LeaseRequest(Body):
     queue_name: QueueName
     batch_size: int = Field(1, ge=1, description="most items to lease")
     lease_timeout: Seconds | None = Field(None, description="default: the queue's")
+    # The range is the node's (0 to its --max-wait), checked and worded by
+    # okq.limits.check_wait alone; the schema gives the widest a node may allow.
     request_timeout: float = Field(
-        0, ge=0, le=REQUEST_TIMEOUT_MAX,
-        description="long poll: seconds to wait for items when none are ready (at most the "
-        "node's --max-wait)",
+        0, json_schema_extra={"minimum": 0, "maximum": REQUEST_TIMEOUT_MAX},
+        description="long poll: seconds to wait for items when none are ready (0 to the "
+        "node's --max-wait, 900 by default)",
     )
     client_id: str | None = Field(None, max_length=256, description="for logs only")
 
