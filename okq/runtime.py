@@ -303,7 +303,7 @@ class Runtime:
                 raise TooLarge(
                     f"{field_name}[{n}] is {len(item.payload)} bytes; the limit is "
                     f"{self.opts.max_item_bytes}",
-                    field=f"{field_name}[{n}]",
+                    field=f"{field_name}[{n}]", limit=self.opts.max_item_bytes,
                 )
             check_time_ms(item.enqueue_at_ms, f"{field_name}[{n}].enqueue_at")
             if item.meta and HEADERS_KEY in item.meta:
