@@ -59,6 +59,11 @@ MAX_PREFIXES = 20
 CACHE_SIZE = 10_000
 
 
+#: The request header that names the namespace a request acts in (an operator key's
+#: choice; a namespace key's own, which the header may repeat but not change).
+NAMESPACE_HEADER = "X-Okq-Namespace"
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who a request acts as. ``namespace`` None: any (an operator key)."""
@@ -89,9 +94,12 @@ class Principal:
             return True
         return bool(prefixes) and all(p.startswith(self.prefixes) for p in prefixes)
 
-    def check_namespace(self, namespace: str) -> None:
+    def check_namespace(self, namespace: str, field: str = NAMESPACE_HEADER) -> None:
+        """Forbidden unless this key acts in ``namespace`` (named by ``field``): the
+        details name the field, the namespace asked for and the key's own."""
         if self.namespace is not None and namespace != self.namespace:
-            raise Forbidden(f"this key acts in namespace {self.namespace!r}, not {namespace!r}")
+            raise Forbidden(f"this key acts in namespace {self.namespace!r}, not {namespace!r}",
+                            field=field, namespace=namespace, key_namespace=self.namespace)
 
 
 def open_principal() -> Principal:

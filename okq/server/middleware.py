@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from okq import wire as s
-from okq.auth import open_principal
+from okq.auth import NAMESPACE_HEADER, open_principal
 from okq.errors import Forbidden, OkqError, Overloaded, TooLarge, Unauthorized
 from okq.keys import check_name
 from okq.server.codec import respond
@@ -45,9 +45,6 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     return response
 
 
-#: Names the namespace a request acts in (an operator key's choice; a namespace key's
-#: own, which the header may repeat but not change).
-NAMESPACE_HEADER = "X-Okq-Namespace"
 
 
 async def _authenticate(request: web.Request) -> None:

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from okq.admit import Admission
+from okq.auth import NAMESPACE_HEADER
 from okq.engine import Engine
 from okq.errors import Forbidden, Overloaded
 from okq.pipeline import Meters, Pipeline, build
@@ -56,7 +57,7 @@ class Tenants:
         if self.settings.sequencer:
             raise Forbidden(f"this node runs in sequencer mode for namespace "
                             f"{self.namespace!r} only; namespace {namespace!r} needs nodes "
-                            "of its own")
+                            "of its own", field=NAMESPACE_HEADER, namespace=namespace)
         lock = self._opening.setdefault(namespace, asyncio.Lock())
         async with lock:
             if namespace not in self._services:

@@ -426,7 +426,10 @@ def test_the_namespace_header_cannot_leave_a_keys_namespace(
         elsewhere = Api(api.url, api.key, other)
         for op, body in (("queues.list", {}), ("queue.stats", {"queue_name": "shared"}),
                          ("queue.lease", {"queue_name": "shared"})):
-            refused(elsewhere.call(op, body))
+            answer = elsewhere.call(op, body)
+            refused(answer, "X-Okq-Namespace")  # the details name what to fix
+            assert (answer.body["details"]["namespace"],
+                    answer.body["details"]["key_namespace"]) == (other, own), answer
         at_home = Api(api.url, api.key, own)
         assert f"only-{own}" in at_home.queue_names()
     refused(Api(mine.admin.url, mine.admin.key, other).call(
