@@ -306,6 +306,12 @@ class Client:
         body = {"queue_name": queue, "items": _items(items)}
         return await self._call("queue.produce", body, _produced_ids)
 
+    async def produce_reply(self, queue: str, items: Sequence[Item]) -> s.ProduceResponse:
+        """``produce``, with the node's whole reply: the ids and ``duplicates``, how many
+        items were already there under their idempotency keys (nothing added for them)."""
+        body = {"queue_name": queue, "items": [_item(i) for i in items]}
+        return await self.call("queue.produce", body, s.ProduceResponse)
+
     async def lease(self, queue: str, batch_size: int = 1, *, lease_timeout: float | None = None,
                     request_timeout: float = 0.0) -> list[s.LeasedItemOut]:
         body: dict[str, Any] = {"queue_name": queue, "batch_size": batch_size,

@@ -40,7 +40,7 @@ from okq.opvalues import (
     leased_in,
     leased_out,
 )
-from okq.publisher import NewItem
+from okq.publisher import NewItem, Produced
 from okq.scheduler import LeasedItem
 from okq.views import BrowsedItem, QueueStats
 
@@ -134,6 +134,14 @@ class Produce(Op[list[str]]):
     @classmethod
     def unpack(cls, raw: dict[str, Any]) -> Produce:
         return cls(str(raw["q"]), items_in(raw["items"]))
+
+    def pack_result(self, result: list[str]) -> Any:
+        duplicates = result.duplicates if isinstance(result, Produced) else None
+        return {"ids": list(result), "dup": duplicates}
+
+    def unpack_result(self, raw: Any) -> list[str]:
+        ids = [str(i) for i in raw["ids"]]
+        return ids if raw["dup"] is None else Produced(ids, int(raw["dup"]))
 
 
 @dataclass(frozen=True, slots=True)

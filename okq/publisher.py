@@ -43,6 +43,17 @@ class NewItem:
     meta: dict[str, Any] | None = None
 
 
+class Produced(list[str]):
+    """A produce's ids, in the order of its items, and how many of them were already
+    there (``duplicates``): items whose idempotency key an earlier item (of an earlier
+    produce, or of this one) holds, answered with that item's id and not published
+    again. A list of ids to every caller; ``duplicates`` for those who ask."""
+
+    def __init__(self, ids: list[str], duplicates: int) -> None:
+        super().__init__(ids)
+        self.duplicates = duplicates
+
+
 def _size(items: list[NewItem]) -> int:
     return sum(len(i.payload) for i in items)
 
@@ -77,7 +88,7 @@ class Publisher:
         self.max_idem_keys = max_idem_keys
         self.max_items = max_segment_items
         self.max_bytes = max_segment_bytes
-        self._batcher: Batcher[list[NewItem], list[str]] = Batcher(
+        self._batcher: Batcher[list[NewItem], Produced] = Batcher(
             self._publish_calls, name=f"publish {queue}", linger=self._linger, take=self._take)
         self.linger = linger
         # How many lease requests wait for this queue's items in this process: while
@@ -90,17 +101,18 @@ class Publisher:
     def pending_items(self) -> int:
         return sum(len(items) for items in self._batcher.waiting())
 
-    async def produce(self, items: list[NewItem]) -> list[str]:
+    async def produce(self, items: list[NewItem]) -> Produced:
         """Publish ``items`` in the next group commit; their ids once it landed."""
         return await self._batcher.submit(items)
 
-    async def _publish_calls(self, calls: list[list[NewItem]]) -> list[list[str] | BaseException]:
-        ids = await self._publish([i for items in calls for i in items])
-        out: list[list[str] | BaseException] = []
+    async def _publish_calls(self, calls: list[list[NewItem]]) -> list[Produced | BaseException]:
+        ids, fresh = await self._publish([i for items in calls for i in items])
+        out: list[Produced | BaseException] = []
         pos = 0
         for items in calls:
-            out.append(ids[pos : pos + len(items)])
-            pos += len(items)
+            end = pos + len(items)
+            out.append(Produced(ids[pos:end], sum(i not in fresh for i in range(pos, end))))
+            pos = end
         return out
 
     def _linger(self) -> float:
@@ -115,7 +127,9 @@ class Publisher:
             n, items, size = n + 1, items + len(call), size + _size(call)
         return n
 
-    async def _publish(self, items: list[NewItem]) -> list[str]:
+    async def _publish(self, items: list[NewItem]) -> tuple[list[str], set[int]]:
+        """The items' ids, and the indexes of those published now (the others were
+        answered by their idempotency keys)."""
         for _ in range(5):
             manifest = await self._manifest_for(items)
             fresh, ids, twins = _dedupe(items, manifest, self.clock.now_ms())
@@ -127,7 +141,7 @@ class Publisher:
                 continue
             for dup, first in twins.items():
                 ids[dup] = ids[first]
-            return [i or "" for i in ids]
+            return [i or "" for i in ids], set(fresh)
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
 
     async def _manifest_for(self, items: list[NewItem]) -> Manifest | None:

@@ -43,7 +43,7 @@ from okq.model import (
     decode_segment,
     encode_manifest,
 )
-from okq.publisher import NewItem, Publisher
+from okq.publisher import NewItem, Produced, Publisher
 from okq.store.base import Store
 
 log = logging.getLogger("okq.engine")
@@ -280,8 +280,9 @@ class Runtime:
         raise LeaseLost(f"segment {segment} is no longer in queue {q.name!r} (purged or "
                         "compacted)", state="gone")
 
-    async def produce(self, queue: str, items: Sequence[NewItem | bytes]) -> list[str]:
-        """Publish items; returns their ids once the manifest CAS has landed."""
+    async def produce(self, queue: str, items: Sequence[NewItem | bytes]) -> Produced:
+        """Publish items; returns their ids once the manifest CAS has landed (and how
+        many were duplicates of items already there: ``Produced``)."""
         batch = self.new_items(items, "items")
         q = self.queue(queue)
         await self.manifest(q, 60)  # a missing queue fails before a segment is written

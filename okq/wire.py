@@ -178,6 +178,10 @@ def plain_tokens(body: dict[str, Any]) -> tuple[str, list[str]] | None:
 class ProduceResponse(Body):
     queue_name: str
     ids: list[str]
+    duplicates: int | None = Field(
+        None, description="how many of the items were already there: their idempotency "
+        "key was taken (by an earlier produce, or an earlier item of this one), so their "
+        "ids are the first items' and nothing was added for them")
 
 
 class LeaseRequest(Body):

@@ -150,18 +150,27 @@ async def import_(ctx: Ctx, c: Client, queue: str, file: str) -> None:
         item.key = item.key or f"import:{digest}:{n}"
         parsed.append((n, item))
     bar = progress(ctx, len(todo), "importing")
-    produced = 0
+    added = duplicates = 0
     try:
         for batch in batches(iter(parsed), BATCH):
             items = [item for _, item in batch]
-            await c.produce(queue, items)
-            produced += len(items)
+            reply = await c.produce_reply(queue, items)
+            dup = reply.duplicates or 0  # an older node does not say: none, as before
+            added, duplicates = added + len(items) - dup, duplicates + dup
             _write_checkpoint(checkpoint, digest, batch[-1][0])
             bar.advance(len(items))
     finally:
         bar.close()
     checkpoint.unlink(missing_ok=True)
     skipped = len(lines) - len(todo)
-    emit(ctx, {"queue_name": queue, "imported": produced, "skipped": skipped},
-         lambda: out.print(f"imported {produced} item{'s' * (produced != 1)}"
-                           + (f" ({skipped} already imported)" if skipped else "")))
+    emit(ctx, {"queue_name": queue, "imported": added, "duplicates": duplicates,
+               "skipped": skipped}, lambda: out.print(_import_summary(added, duplicates, skipped)))
+
+
+def _import_summary(added: int, duplicates: int, skipped: int) -> str:
+    """``imported 0 items (2500 produced before: their idempotency keys were taken)``."""
+    notes = [f"{duplicates} produced before: their idempotency keys were taken"] \
+        if duplicates else []
+    notes += [f"{skipped} already imported"] if skipped else []
+    return f"imported {added} item{'s' * (added != 1)}" + (f" ({'; '.join(notes)})"
+                                                          if notes else "")

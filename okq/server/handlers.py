@@ -29,7 +29,7 @@ from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
 from okq.headers import split_meta, with_headers
 from okq.model import QueueConfig
 from okq.ops import Context, Outputs, Retry
-from okq.publisher import NewItem
+from okq.publisher import NewItem, Produced
 from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
 from okq.server.health import store_kind
 from okq.server.middleware import public_details
@@ -191,7 +191,9 @@ async def produce(request: web.Request) -> web.Response:
         body = _validate(raw, s.ProduceRequest)
         queue, items = body.queue_name, await _new_items(request, body.items)
     ids = await run(request, ops.Produce(queue, items))
-    return respond(request, s.ProduceResponse.model_construct(queue_name=queue, ids=ids))
+    duplicates = ids.duplicates if isinstance(ids, Produced) else None
+    return respond(request, s.ProduceResponse.model_construct(queue_name=queue, ids=ids,
+                                                              duplicates=duplicates))
 
 
 async def lease(request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.client_reqrep import ConnectionKey
 
+from okq import wire as s
 from okq.client import Client
 from okq.errors import (
     InvalidToken,
@@ -142,6 +143,21 @@ async def test_changes_sent_to_any_node_are_written_by_the_holder(start_node: St
         assert len(again) == 1  # the retried one; the fourth is still leased
         st = await cb.stats("jobs")
         assert (st.completed, st.in_flight) == (2, 2)
+
+
+async def test_a_forwarded_produce_says_how_many_items_were_duplicates(
+        start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("dups")
+        await cb.produce("dups", [b"first"])  # b holds the role; a forwards to it
+        before = puts(a)
+        items = [s.ProduceItem(utf8=f"item {n}", key=f"k{n}") for n in range(3)]
+        first = await ca.produce_reply("dups", items[:2])
+        again = await ca.produce_reply("dups", [*items, items[2]])  # k2 twice in one
+        assert a.seq.forwards["ok"] >= 2 and puts(a) == before
+    assert first.duplicates == 0
+    assert again.duplicates == 3 and again.ids[:2] == first.ids and again.ids[2] == again.ids[3]
 
 
 async def test_errors_keep_their_kind_across_a_forward(start_node: Start) -> None:
