@@ -17,6 +17,7 @@ never sent twice; it raises ``OutcomeUnknown`` instead, and logs a warning.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl as ssl_
 import threading
@@ -251,6 +252,11 @@ class Client:
             raise Unavailable(f"cannot reach okq at {self.url}: {exc}", sent=False,
                               url=self.url) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) \
+                    and await self._speaks_tls():
+                https = "https://" + self.url.removeprefix("http://")
+                raise OkqError(f"{self.url} hung up: the server there seems to speak TLS; use "
+                               f"{https}", url=self.url, tls=True) from exc
             what = str(exc) or type(exc).__name__
             raise Unavailable(f"no answer from okq at {self.url}: {what}",
                               url=self.url) from exc
@@ -262,6 +268,26 @@ class Client:
             return read(raw)
         except _NotAReply:
             raise self._not_okq(status, "a reply that is not an okq reply") from None
+
+    async def _speaks_tls(self) -> bool:
+        """Whether an ``http://`` node that hung up on a call completes a TLS handshake
+        (nothing is sent, the certificate is not checked): then the URL should have
+        been ``https://``, a mistake not worth retrying."""
+        url = URL(self.url)
+        if url.scheme != "http" or not url.host:
+            return False
+        probe = ssl_.create_default_context()
+        probe.check_hostname = False
+        probe.verify_mode = ssl_.CERT_NONE
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(url.host, url.port, ssl=probe), 5)
+        except (OSError, TimeoutError):  # ssl.SSLError is an OSError
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
 
     def _url(self, path: str) -> URL:
         text = f"{self.url}/v1/{path}"

@@ -53,6 +53,25 @@ __all__ = [
 DEFAULT_S3_CLIENT = "obstore"
 
 
+def open_file_store(path: Path) -> FileStore:
+    """The file store at ``path``. A missing directory is made, as ``mkdir`` makes one
+    (a warning says a new, empty store begins there), but only where its parent
+    directory exists: a path whose parent is missing is far more often a typo than a
+    new store, and a typo must not start an empty store in place of the real one."""
+    path = path.expanduser()
+    if not path.exists():
+        parent = path.absolute().parent
+        if not parent.is_dir():
+            raise ValueError(
+                f"the file store {path} does not exist, nor does its parent directory "
+                f"{parent}: check the path; to start a new store there, create {parent} first")
+        logging.getLogger("okq.store").warning(
+            "the file store %s does not exist: starting a new, empty store there", path)
+    elif not path.is_dir():
+        raise ValueError(f"the file store {path} is not a directory")
+    return FileStore(path)
+
+
 def open_store(
     url: str, *, endpoint_url: str | None = None, region: str | None = None, pool_size: int = 64,
     timeout: float = DEFAULT_S3_TIMEOUT,
@@ -60,7 +79,8 @@ def open_store(
     """Open the store a URL names.
 
     * ``memory://`` — process-local, for tests;
-    * ``file://DIR`` or a plain path — the embedded default;
+    * ``file://DIR`` or a plain path — the embedded default (``open_file_store``: a
+      missing DIR is made only where its parent directory exists);
     * ``s3://bucket[/prefix][?endpoint_url=http://host:port][&client=obstore]`` — S3
       or any compatible server; credentials and region come from the AWS
       environment. ``client`` picks the S3 client: ``obstore`` (the default: Rust,
@@ -70,11 +90,8 @@ def open_store(
     parsed = urlparse(url)
     if parsed.scheme == "memory":
         return MemoryStore(url)
-    if parsed.scheme == "file":
-        path = parsed.netloc + parsed.path
-        return FileStore(Path(path).expanduser())
-    if parsed.scheme == "":
-        return FileStore(Path(url).expanduser())
+    if parsed.scheme in ("file", ""):
+        return open_file_store(Path(parsed.netloc + parsed.path if parsed.scheme else url))
     if parsed.scheme == "s3":
         query = parse_qs(parsed.query)
         endpoint = endpoint_url or next(iter(query.get("endpoint_url", [])), None)

@@ -152,6 +152,24 @@ def test_plain_http_to_the_tls_port_fails(tls: tuple[Node, Path]) -> None:
     assert node.proc.poll() is None
 
 
+async def test_an_http_url_to_the_tls_port_is_told_to_use_https(tls: tuple[Node, Path]) -> None:
+    """Not "Server disconnected", retried five times: the client finds that the port
+    speaks TLS and says so at once, and the CLI passes it on."""
+    node, _ = tls
+    plain = node.url.replace("https://", "http://")
+    async with Client(plain) as c:
+        began = time.monotonic()
+        with pytest.raises(OkqError) as err:
+            await c.stats("q")
+    assert f"seems to speak TLS; use {node.url}" in err.value.message, err.value
+    assert not retryable(err.value) and time.monotonic() - began < 5
+    run = subprocess.run([*OKQ, "--url", plain, "stats", "q"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert (run.returncode, run.stdout) == (1, ""), run
+    assert run.stderr.startswith("error: ") and f"use {node.url}" in run.stderr, run.stderr
+    assert node.proc.poll() is None
+
+
 async def test_clients_that_do_not_trust_the_certificate_fail(
         tls: tuple[Node, Path], tmp_path: Path) -> None:
     node, _ = tls
