@@ -178,18 +178,15 @@ def plain_tokens(body: dict[str, Any]) -> tuple[str, list[str]] | None:
 class ProduceResponse(Body):
     queue_name: str
     ids: list[str]
-    duplicates: int | None = Field(
-        None, description="how many of the items were already there: their idempotency "
-        "key was taken (by an earlier produce, or an earlier item of this one), so their "
-        "ids are the first items' and nothing was added for them")
+    duplicates: int | None = Field(None, description="items already there: their idempotency "
+                                   "key was taken, so their ids are the first items'")
 
 
 class LeaseRequest(Body):
     queue_name: QueueName
     batch_size: int = Field(1, ge=1, description="most items to lease")
     lease_timeout: Seconds | None = Field(None, description="default: the queue's")
-    # The range is the node's (0 to its --max-wait), checked and worded by
-    # okq.limits.check_wait alone; the schema gives the widest a node may allow.
+    # 0 to the node's --max-wait, checked by okq.limits.check_wait; the schema's is the widest
     request_timeout: float = Field(
         0, json_schema_extra={"minimum": 0, "maximum": REQUEST_TIMEOUT_MAX},
         description="long poll: seconds to wait for items when none are ready (0 to the "
