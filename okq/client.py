@@ -389,8 +389,11 @@ class Client:
             body["start_after"] = start_after
         return await self.call("items.list", body, s.ItemsListResponse)
 
-    async def redrive(self, dead_queue: str, limit: int = 1000) -> int:
-        body = {"queue_name": dead_queue, "limit": limit}
+    async def redrive(self, dead_queue: str, limit: int = 1000,
+                      destination: str | None = None) -> int:
+        body: dict[str, Any] = {"queue_name": dead_queue, "limit": limit}
+        if destination is not None:
+            body["destination"] = destination
         return (await self.call("dead.redrive", body, s.RedriveResponse)).moved
 
     # -- queues ----------------------------------------------------------------

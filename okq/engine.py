@@ -207,6 +207,8 @@ class Engine:
         """Counts by state, read fresh from the store."""
         return await self.views.stats(queue)
 
-    async def redrive(self, dead_queue: str, limit: int = 1000) -> int:
-        """Move dead letters back to the queues they came from; how many moved."""
-        return await self.redriver.redrive(dead_queue, limit)
+    async def redrive(self, dead_queue: str, limit: int = 1000,
+                      destination: str | None = None) -> int:
+        """Move dead letters back to the queues they came from (or all of them to
+        ``destination``); how many moved."""
+        return await self.redriver.redrive(dead_queue, limit, destination)

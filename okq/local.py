@@ -66,7 +66,7 @@ class Local:
             ops.Stats: lambda op: e.stats(op.queue),
             ops.Browse: lambda op: e.browse(op.queue, start_after=op.start_after,
                                             limit=op.limit),
-            ops.Redrive: lambda op: e.redrive(op.queue, op.limit),
+            ops.Redrive: lambda op: e.redrive(op.queue, op.limit, op.destination),
             ops.StartMoveTask: lambda op: e.move_tasks.create(op.task),
             ops.MoveTasksOf: lambda op: e.move_tasks.of_queue(op.queue),
             ops.UpdateMoveTask: lambda op: e.move_tasks.update(op.queue, op.seq, op.apply,

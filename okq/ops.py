@@ -409,20 +409,30 @@ class Browse(Op[tuple[list[BrowsedItem], str | None]]):
 
 @dataclass(frozen=True, slots=True)
 class Redrive(Op[int]):
-    """Move dead letters back to the queues they came from; how many moved."""
+    """Move dead letters back to the queues they came from (or all to
+    ``destination``); how many moved."""
 
     name: ClassVar[str] = "redrive"
     right: ClassVar[str] = "dead.redrive"
     change: ClassVar[bool] = True
     queue: str
     limit: int = 1000
+    destination: str | None = None
+
+    def named(self) -> tuple[tuple[str, str], ...]:
+        to = self.destination
+        return ((self.queue, "queue_name"),) + (((to, "destination"),) if to else ())
 
     def pack(self) -> dict[str, Any]:
-        return {"q": self.queue, "limit": self.limit}
+        out: dict[str, Any] = {"q": self.queue, "limit": self.limit}
+        if self.destination:
+            out["to"] = self.destination
+        return out
 
     @classmethod
     def unpack(cls, raw: dict[str, Any]) -> Redrive:
-        return cls(str(raw["q"]), int(raw["limit"]))
+        to = raw.get("to")
+        return cls(str(raw["q"]), int(raw["limit"]), str(to) if to else None)
 
 
 # -- the SQS API's message move tasks (records in the bucket, okq/movetasks.py) --------------

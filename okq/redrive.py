@@ -49,9 +49,10 @@ class Redriver:
         self.deliveries = deliveries
         self.finishers = finishers
 
-    async def redrive(self, dead_queue: str, limit: int = 1000) -> int:
-        """Move dead letters back to the queues they came from, as fresh items;
-        returns how many moved.
+    async def redrive(self, dead_queue: str, limit: int = 1000,
+                      destination: str | None = None) -> int:
+        """Move dead letters back to the queues they came from (or all of them to
+        ``destination``), as fresh items; returns how many moved.
 
         Exactly once, however a redrive is interrupted and whenever it is re-run.
         A dead letter goes back the way a completion with outputs does: its copy
@@ -78,6 +79,11 @@ class Redriver:
         for an hour. Dead letters whose source queue does not exist stay too, and
         the redrive then ends with QueueNotFound saying how many moved.
         """
+        if destination is not None:
+            check_name(destination, "destination")
+            if destination == dead_queue:
+                raise InvalidRequest("destination must be another queue than the "
+                                     "dead-letter queue", field="destination")
         dq = self.rt.queue(dead_queue)
         moved = 0
         missing: dict[str, int] = {}
@@ -86,7 +92,7 @@ class Redriver:
             items = await self.scheduler.lease(dead_queue, batch, lease_timeout=REDRIVE_LEASE_S)
             if not items:
                 break
-            groups, others = self._redrive_groups(items)
+            groups, others = self._redrive_groups(items, destination)
             for i in others:  # not a dead letter: leave it where it is
                 await self.deliveries.retry(
                     i.token, retry_at_ms=self.rt.clock.now_ms() + 3_600_000, count_attempt=False)
@@ -105,10 +111,10 @@ class Redriver:
         return moved
 
     def _redrive_groups(
-        self, items: list[LeasedItem]
+        self, items: list[LeasedItem], destination: str | None = None
     ) -> tuple[dict[tuple[str, str], list[tuple[LeasedItem, Delivery]]], list[LeasedItem]]:
-        """Leased dead letters grouped by (their segment, their source queue), and
-        the items that are not dead letters."""
+        """Leased dead letters grouped by (their segment, the queue they go to: their
+        source queue or ``destination``), and the items that are not dead letters."""
         groups: dict[tuple[str, str], list[tuple[LeasedItem, Delivery]]] = {}
         others: list[LeasedItem] = []
         for i in items:
@@ -116,6 +122,7 @@ class Redriver:
             if source is None:
                 others.append(i)
                 continue
+            source = destination or source
             d, _ = self.deliveries.delivery(i.token)
             groups.setdefault((d.segment, source), []).append((i, d))
         return groups, others

@@ -144,8 +144,10 @@ class QueueService:
                      limit: int = 100) -> tuple[list[BrowsedItem], str | None]:
         return await self.pipeline.handle(ops.Browse(queue, start_after, limit), self.ctx)
 
-    async def redrive(self, dead_queue: str, limit: int = 1000) -> int:
-        return await self.pipeline.handle(ops.Redrive(dead_queue, limit), self.ctx)
+    async def redrive(self, dead_queue: str, limit: int = 1000,
+                      destination: str | None = None) -> int:
+        return await self.pipeline.handle(ops.Redrive(dead_queue, limit, destination),
+                                          self.ctx)
 
     # -- the SQS API's move tasks -----------------------------------------------------
     async def start_move_task(self, task: MoveTask) -> bool:

@@ -481,6 +481,8 @@ class ItemsListResponse(Body):
 class RedriveRequest(Body):
     queue_name: QueueName = Field(description="the dead-letter queue")
     limit: int = Field(1000, ge=1, le=100_000)
+    destination: QueueName | None = Field(
+        None, description="move every dead letter to this queue instead of its source")
 
 
 class RedriveResponse(Body):

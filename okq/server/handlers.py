@@ -313,7 +313,7 @@ async def items_list(request: web.Request) -> web.Response:
 
 async def dead_redrive(request: web.Request) -> web.Response:
     body = await parse(request, s.RedriveRequest)
-    moved = await run(request, ops.Redrive(body.queue_name, body.limit))
+    moved = await run(request, ops.Redrive(body.queue_name, body.limit, body.destination))
     return respond(request, s.RedriveResponse(queue_name=body.queue_name, moved=moved))
 
 
