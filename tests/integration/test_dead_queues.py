@@ -250,6 +250,25 @@ async def test_redriven_items_come_back_fresh_with_where_they_were(engine: Engin
     assert all(i.meta and i.meta["redriven_from"] == "dlq" for i in back)
 
 
+async def test_redrive_to_a_destination_moves_every_dead_letter_there_once(
+    engine: Engine,
+) -> None:
+    await make_dead_letters(engine)
+    await engine.create_queue("elsewhere")
+    with pytest.raises(InvalidRequest) as err:
+        await engine.redrive("dlq", destination="dlq")
+    assert err.value.field == "destination"
+    with pytest.raises(QueueNotFound):
+        await engine.redrive("dlq", destination="nowhere")
+    assert await payloads(engine, "dlq") == Counter([b"a0", b"a1", b"b0", b"b1", b"b2"])
+    assert await engine.redrive("dlq", destination="elsewhere") == 5
+    assert await engine.redrive("dlq", destination="elsewhere") == 0
+    assert await payloads(engine, "elsewhere") == Counter([b"a0", b"a1", b"b0", b"b1", b"b2"])
+    assert await payloads(engine, "a") == Counter() and await payloads(engine, "b") == Counter()
+    moved = (await engine.browse("elsewhere"))[0]
+    assert all(i.meta and i.meta["redriven_from"] == "dlq" for i in moved)
+
+
 async def test_stats_count_a_redriven_dead_letter_as_redriven_not_completed(
     engine: Engine,
 ) -> None:
