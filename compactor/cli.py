@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ from okq.clock import SystemClock
 from okq.errors import ConditionalWritesUnsupported, OkqError, StorageError
 from okq.flags import settings_from, settings_options
 from okq.keys import NAME_RE, manifests_prefix
+from okq.presence import Reporter
 from okq.runtime import EngineOptions, Runtime
 from okq.settings import Settings
 from okq.store import CountingStore, Store, exit_past_native_threads, open_store
@@ -104,7 +107,8 @@ class Seconds(click.types.FloatParamType):
 
 SECONDS = Seconds()
 #: The Settings fields the compactor uses; the rest are the node's.
-SETTINGS = ("store", "endpoint_url", "s3_timeout", "namespace", "self_check", "log_level")
+SETTINGS = ("store", "endpoint_url", "s3_timeout", "namespace", "self_check", "log_level",
+            "report_interval")
 PUBLISH_DEADLINE = EngineOptions().publish_timeout
 
 
@@ -167,11 +171,13 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
     store = CountingStore(open_store(settings.store, endpoint_url=settings.endpoint_url,
                                      timeout=settings.s3_timeout))
     compactors: dict[str, Compactor] = {}
+    reporters = _Reporters(store, settings.report_interval if not once else 0.0, interval)
 
     def compactor_for(ns: str) -> Compactor:
         if ns not in compactors:
             rt = Runtime(store, ns, SystemClock(), settings.engine_options())
             compactors[ns] = Compactor(rt, options=options)
+            reporters.start(ns)
         return compactors[ns]
 
     if settings.self_check:
@@ -190,6 +196,7 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
                 for ns in names:
                     report = await compactor_for(ns).run_once()
                     metrics.record(report)
+                    reporters.passed(ns, report)
                     _log_pass(ns, report)
             except StorageError as exc:
                 if once:
@@ -203,11 +210,41 @@ async def run(settings: Settings, options: CompactorOptions, once: bool, interva
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
     finally:
+        await reporters.stop()
         for c in compactors.values():
             await c.rt.close()
         await store.close()
         if runner is not None:
             await runner.cleanup()
+
+
+class _Reporters:
+    """The compactor's presence report in each namespace it compacts (``okq.presence``):
+    its last pass, how long it took, and the longest gap between two passes over a
+    queue (its lag)."""
+
+    def __init__(self, store: CountingStore, every: float, interval: float) -> None:
+        self.store, self.every, self.interval = store, every, interval
+        self.id = f"compactor-{secrets.token_hex(4)}"
+        self.running: dict[str, Reporter] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+
+    def start(self, ns: str) -> None:
+        if self.every > 0:
+            self.running[ns] = Reporter(self.store, ns, self.id, "compactor",
+                                        interval=self.every, info=lambda: self.last.get(ns, {}))
+            self.running[ns].start()
+
+    def passed(self, ns: str, report: Report) -> None:
+        passes = self.last.get(ns, {}).get("passes", 0) + 1
+        self.last[ns] = {"last_pass_ms": int(time.time() * 1000), "passes": passes,
+                         "pass_seconds": round(report.seconds, 3), "queues": report.queues,
+                         "interval": self.interval,
+                         "lag": round(max(report.lag.values(), default=0.0), 3)}
+
+    async def stop(self) -> None:
+        for reporter in self.running.values():
+            await reporter.stop()
 
 
 def _log_pass(ns: str, report: Report) -> None:

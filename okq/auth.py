@@ -10,7 +10,7 @@ role           may call
 ``producer``   ``queue.produce``, and the reads
 ``consumer``   ``queue.lease``, ``renew``, ``complete``, ``retry``, and the reads
 ``read-only``  the reads: ``queue.stats``, ``queues.list``, ``queues.info``,
-               ``items.list``
+               ``items.list``, ``auth.whoami``, ``fleet.status``
 =============  ==============================================================
 
 Keys are made by an admin (``keys.create``, ``okq keys create``) and kept in the
@@ -45,7 +45,8 @@ from okq.keys import API_KEYS_PREFIX, api_key_key, check_name
 from okq.store import Store, list_all
 
 ROLES = ("admin", "producer", "consumer", "read-only")
-READS = frozenset({"queue.stats", "queues.list", "queues.info", "items.list"})
+READS = frozenset({"queue.stats", "queues.list", "queues.info", "items.list", "auth.whoami",
+                   "fleet.status"})
 #: The operations of each role (``/v1/<operation>``).
 ALLOWED: dict[str, frozenset[str]] = {
     "admin": frozenset({"*"}),

@@ -57,6 +57,11 @@ def api_key_key(key_id: str) -> str:
     return f"{API_KEYS_PREFIX}{key_id}"
 
 
+def presence_prefix(ns: str) -> str:
+    """Where each node and compactor reports itself (``okq.presence``)."""
+    return f"{ns}/presence/"
+
+
 def manifests_prefix(ns: str) -> str:
     return f"{ns}/manifests/"
 

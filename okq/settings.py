@@ -192,6 +192,15 @@ class Settings(BaseSettings):
         description="the base of the SQS API's queue URLs, e.g. https://queues.example.com "
         "(default: the scheme and Host of each request)",
     )
+    console: bool = Field(
+        True, description="serve the web console at /ui (its data comes from the /v1 API, "
+        "with the user's key: docs/CONSOLE.md)",
+    )
+    report_interval: float = Field(
+        60, ge=0, le=86_400,
+        description="seconds between this process's presence reports in the store (one PUT "
+        "each: the console's fleet page, docs/CONSOLE.md); 0: none",
+    )
     self_check: bool = Field(True, description="check the store honours conditional writes")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
 

@@ -11,6 +11,8 @@ its own module, imported in this order with no cycle:
 - ``okq.server.handlers``: one function per endpoint;
 - ``okq.server.routes``: the route table;
 - ``okq.server.openapi``: the OpenAPI document, built from the route table;
+- ``okq.server.console``: the web console's files under ``/ui`` (unless
+  ``--no-console``) and its two endpoints' state;
 - ``okq.sqs``: the SQS-compatible API on the same port (unless ``--no-sqs``).
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from okq.fleetwire import FORWARD_PATH, PING_PATH
-from okq.server import openapi
+from okq.server import console, openapi
 from okq.server.handlers import forward, ping
 from okq.server.middleware import errors_and_metrics
 from okq.server.routes import OPERATIONS, ROUTES
@@ -42,6 +44,7 @@ def create_app(settings: Settings, store: Store, *, clock: Any = None) -> web.Ap
     app.router.add_get("/openapi.json", openapi.serve)
     app.router.add_post(FORWARD_PATH, forward)
     app.router.add_get(PING_PATH, ping)
+    console.install(app, pages=settings.console)
     if settings.sqs:  # last: okq's own routes win over SQS's /<namespace>/<queue>
         sqs_http.install(app, settings, app[TENANTS].pipeline)
         app[METRICS].watch_sqs(app[sqs_http.SQS])

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from pydantic import BaseModel
 
 from okq import wire as s
+from okq.server import console
 from okq.server import handlers as h
 from okq.server.middleware import Handler
 
@@ -56,6 +57,12 @@ ROUTES: list[Route] = [
           "The namespace's API keys, without their secrets (admin)."),
     Route("/v1/keys.delete", h.keys_delete, s.KeyDelete, s.KeyDeleteResponse,
           "Delete an API key; every node stops accepting it within --api-key-cache s."),
+    Route("/v1/auth.whoami", console.whoami, console.WhoamiRequest, console.WhoamiResponse,
+          "The calling key: its role, namespace, prefixes and the operations it may call."),
+    Route("/v1/fleet.status", console.fleet_status, console.FleetStatusRequest,
+          console.FleetStatusResponse,
+          "The processes reporting in the namespace, sequencer roles, store requests and "
+          "their price."),
 ]
 
 #: The GET endpoints outside the API (``/openapi.json`` is added by the app).

@@ -10,6 +10,7 @@ here knows the routes.
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,7 @@ from aiohttp import web
 from okq.auth import KeyRing, Principal
 from okq.engine import Engine
 from okq.pipeline import Meters, Pipeline, build
+from okq.presence import Reporter
 from okq.sequencer import Sequencer
 from okq.server.health import Health, StoreWatch
 from okq.server.metrics import DepthGauges, Metrics
@@ -45,6 +47,9 @@ HEALTH = web.AppKey("health", Health)
 DEPTH = web.AppKey("depth", DepthGauges)
 SEQUENCER: web.AppKey[Sequencer | None] = web.AppKey("sequencer")
 FLEET_KEYS = web.AppKey("fleet_keys", list)
+#: This node's id: its sequencer id, or one made at start (its presence report's).
+NODE_ID = web.AppKey("node_id", str)
+PRESENCE = web.AppKey("presence", Reporter)
 
 log = logging.getLogger("okq.server")
 
@@ -67,6 +72,7 @@ def install(app: web.Application, settings: Settings, store: Store, *,
                               shards=settings.sequencer_shards, role_ttl=settings.role_ttl,
                               url=settings.advertise_url)
     app[SEQUENCER] = sequencer
+    app[NODE_ID] = sequencer.id if sequencer is not None else secrets.token_hex(6)
     app[FLEET_KEYS] = keys
     app[METRICS] = metrics = Metrics()
     meters = Meters(metrics.items, metrics.batch)
@@ -80,6 +86,8 @@ def install(app: web.Application, settings: Settings, store: Store, *,
     app[METRICS].watch(engine, counting, sequencer)
     app[DEPTH] = DepthGauges(app[SERVICE], engine.queues_served, app[METRICS],
                              settings.depth_interval, settings.depth_max_queues)
+    app[PRESENCE] = Reporter(counting, settings.namespace, app[NODE_ID], "node",
+                             interval=settings.report_interval, info=lambda: _node_info(app))
     app.cleanup_ctx.append(_engine_ctx)
     app.on_shutdown.append(_stop_waiting)
 
@@ -92,6 +100,10 @@ def advertise(app: web.Application, host: str, port: int, scheme: str = "http") 
             host = socket.gethostname()
         sequencer.url = f"{scheme}://{host}:{port}"
         log.info("sequencer mode: other nodes reach this one at %s", sequencer.url)
+    report = app[PRESENCE].report
+    report.url = report.url or (
+        sequencer.url if sequencer is not None and sequencer.url
+        else app[SETTINGS].advertise_url or f"{scheme}://{host}:{port}")
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -99,12 +111,22 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     await engine.start(self_check=settings.self_check)
     if sequencer is not None:
         await sequencer.start()
+    app[PRESENCE].start()
     yield
+    await app[PRESENCE].stop()
     if sequencer is not None:
         await sequencer.stop()  # gives its roles up: another node takes them at once
     await app[TENANTS].close()
     await engine.close()  # flushes pending produce batches
     await app[STORE].close()
+
+
+def _node_info(app: web.Application) -> dict[str, Any]:
+    """What a node's presence report says of it beside its requests."""
+    sequencer = app[SEQUENCER]
+    return {"sequencer": sequencer is not None,
+            "roles": sequencer.held() if sequencer is not None else [],
+            "namespaces": app[TENANTS].served()}
 
 
 async def _stop_waiting(app: web.Application) -> None:

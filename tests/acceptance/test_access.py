@@ -57,9 +57,10 @@ OPS = (
     "queue.produce", "queue.lease", "queue.renew", "queue.complete", "queue.retry",
     "queue.stats", "queue.purge", "queues.create", "queues.list", "queues.info",
     "queues.update", "queues.delete", "items.list", "dead.redrive", "keys.create",
-    "keys.list", "keys.delete",
+    "keys.list", "keys.delete", "auth.whoami", "fleet.status",
 )
-READS = frozenset({"queue.stats", "queues.list", "queues.info", "items.list"})
+READS = frozenset({"queue.stats", "queues.list", "queues.info", "items.list", "auth.whoami",
+                   "fleet.status"})
 MAY: dict[str, frozenset[str]] = {
     "admin": frozenset(OPS),
     "producer": READS | {"queue.produce"},
@@ -250,6 +251,8 @@ def body_of(op: str, c: Cell) -> dict[str, Any]:
         "keys.create": {"role": "read-only", "name": "made by the role"},
         "keys.list": {},
         "keys.delete": {"id": c.victim},
+        "auth.whoami": {},
+        "fleet.status": {},
     }
     return bodies[op]
 
@@ -507,6 +510,7 @@ def test_a_prefixed_key_acts_on_its_queues_only(orders: tuple[Api, Api, Api]) ->
     for name, field, change in (
         ("queue.purge", "queue_name", {"queue_name": "billing"}),
         ("dead.redrive", "queue_name", {"queue_name": "billing"}),
+        ("dead.redrive", "destination", {"queue_name": "orders-eu", "destination": "billing"}),
         ("queues.delete", "name", {"name": "billing"}),
         ("queues.update", "name", {"name": "billing", "max_attempts": 2}),
         ("queues.create", "name", {"name": "billing-2"}),
@@ -518,6 +522,14 @@ def test_a_prefixed_key_acts_on_its_queues_only(orders: tuple[Api, Api, Api]) ->
     assert "billing-2" not in op.queue_names() and "orders-x" not in op.queue_names()
     assert admin.ok("queues.info", {"name": "orders-eu"})["dead_queue"] is None
     assert admin.call("queues.create", {"name": "orders-us"}).status == 201
+
+
+def test_whoami_tells_the_console_what_a_key_may_do(orders: tuple[Api, Api, Api]) -> None:
+    _, admin, consumer = orders
+    me = consumer.ok("auth.whoami", {})
+    assert (me["role"], me["namespace"], me["prefixes"]) == ("consumer", "ns-p", ["orders-"])
+    assert set(me["operations"]) == MAY["consumer"]
+    assert set(admin.ok("auth.whoami", {})["operations"]) == set(OPS)
 
 
 def test_outputs_outside_the_prefixes_are_refused(orders: tuple[Api, Api, Api]) -> None:

@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from okq.errors import InvalidRequest
 from okq.server.app import create_app
+from okq.server.console import FLEET_CACHE
 from okq.server.health import Health, StoreWatch
 from okq.server.state import HEALTH, METRICS, SERVICE
 from okq.settings import Settings
@@ -52,7 +53,7 @@ async def start_node() -> AsyncIterator[Start]:
 
     async def start(store: Store, **overrides: Any) -> Node:
         fields = {"store": "memory://", "signing_keys": KEY, "self_check": False,
-                  "linger": 0.002, **overrides}
+                  "linger": 0.002, "report_interval": 0, **overrides}
         app = create_app(Settings(**fields), store)
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5)
         await runner.setup()
@@ -73,6 +74,51 @@ async def call(client: Node, verb: str, body: dict[str, Any],
         out: dict[str, Any] = await resp.json()
         assert resp.status == status, out
         return out
+
+
+# -- the console ------------------------------------------------------------------------
+
+
+async def test_the_console_is_served_with_a_strict_policy_and_can_be_turned_off(
+        start_node: Start) -> None:
+    node = await start_node(MemoryStore())
+    async with node.get("/ui") as resp:
+        assert resp.status == 200 and str(resp.url).endswith("/ui/")
+        assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
+        assert "app.js" in await resp.text()
+    async with node.get("/ui/app.js") as resp:
+        assert resp.status == 200 and resp.content_type == "text/javascript"
+    for path in ("/ui/missing.js", "/ui/..%2Fconsole.py", "/ui/%2E%2E/app.py"):
+        async with node.get(path) as resp:
+            assert resp.status == 404, path
+    off = await start_node(MemoryStore(), console=False)
+    async with off.get("/ui/") as resp:
+        assert resp.status == 404
+    assert (await call(off, "auth.whoami", {}))["role"] == "admin"  # no key asked: admin
+    assert (await call(off, "fleet.status", {}))["processes"] == []
+
+
+async def test_fleet_status_shows_the_nodes_reporting_and_their_price(
+        start_node: Start) -> None:
+    store = MemoryStore()
+    nodes = [await start_node(store, report_interval=0.2) for _ in range(2)]
+    await call(nodes[0], "queues.create", {"name": "q"}, 201)
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:  # each node reports 0.2 s after it starts, then every 0.2 s
+        await asyncio.sleep(0.25)
+        nodes[0].app[FLEET_CACHE].clear()  # each node keeps its answer 5 s
+        fleet = await call(nodes[0], "fleet.status", {})
+        if len(fleet["processes"]) == 2 or asyncio.get_running_loop().time() > deadline:
+            break
+    assert {p["kind"] for p in fleet["processes"]} == {"node"}
+    assert all(p["live"] for p in fleet["processes"])
+    assert fleet["node"] in {p["id"] for p in fleet["processes"]}
+    assert fleet["per_s"].get("put", 0) > 0 and fleet["dollars_per_month"] > 0
+    assert fleet["roles"] == [] and fleet["prices"]["put"] == 0.005 / 1000
+    await nodes[1].close()  # a clean stop takes its report away
+    nodes.remove(nodes[1])
+    nodes[0].app[FLEET_CACHE].clear()
+    assert len((await call(nodes[0], "fleet.status", {}))["processes"]) == 1
 
 
 # -- /health ------------------------------------------------------------------------
