@@ -61,7 +61,8 @@ def date_back(root: Path, seconds: float = 7200) -> None:
 async def objects(root: Path) -> list[str]:
     store = FileStore(root)
     try:
-        return [info.key async for info in list_all(store, "default/")]
+        return [info.key async for info in list_all(store, "default/")
+                if "/presence/" not in info.key]  # the node's own report (okq/presence.py)
     finally:
         await store.close()
 

@@ -26,7 +26,7 @@ from tests.nodes import Node, okq_node
 OPERATOR = f"operator-{secrets.token_urlsafe(24)}"
 BUDGET = 90  # seconds for one run (the subprocess's timeout)
 OPERATIONS = len(ROUTES) + 2  # the /v1 endpoints, /health and /metrics
-READS = 4  # queue.stats, queues.list, queues.info, items.list: what read-only may call
+READS = 6  # queue.stats, queues.list, queues.info, items.list, auth.whoami, fleet.status
 
 
 def post(url: str, path: str, body: dict[str, object], key: str) -> dict[str, object]:
