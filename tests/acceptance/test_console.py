@@ -173,6 +173,9 @@ def test_queue_page_shows_settings_and_items_as_text_json_and_hex(
     admin.click("#produce-send")
     assert admin.inner_text(".msg.ok").startswith("produced ")
     assert "from the console" in [i.utf8 for i in client.list_items("jobs").items]
+    if SHOTS:  # the picture shows an item opened as JSON
+        admin.select_option("#payload-view", "json")
+        admin.locator("#items tr.item").first.click()
     _shot(admin, "queue")
 
 
