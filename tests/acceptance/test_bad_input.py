@@ -45,6 +45,7 @@ QC, QL, QI = "/v1/queues.create", "/v1/queues.list", "/v1/queues.info"
 QU, QD = "/v1/queues.update", "/v1/queues.delete"
 IL, DR = "/v1/items.list", "/v1/dead.redrive"
 KC, KL, KD = "/v1/keys.create", "/v1/keys.list", "/v1/keys.delete"
+WHO, FLEET = "/v1/auth.whoami", "/v1/fleet.status"
 
 
 # -- HTTP ----------------------------------------------------------------------------------
@@ -360,6 +361,12 @@ CASES = [
     invalid("key-prefix-bad", KC, j({"role": "producer", "prefixes": ["a b"]}), "prefixes[0]"),
     invalid("keys-list-unknown-field", KL, j({"namespace": "x"}), "namespace"),
     invalid("key-delete-bad-id", KD, j({"id": "not-a-key-id"}), "id"),
+    invalid("redrive-destination-itself", DR, j({"queue_name": "q", "destination": "q"}),
+            "destination"),
+    invalid("redrive-destination-bad-name", DR, j({"queue_name": "q", "destination": "a b"}),
+            "destination"),
+    invalid("whoami-unknown-field", WHO, j({"key": "x"}), "key"),
+    invalid("fleet-status-unknown-field", FLEET, j({"nodes": 3}), "nodes"),
     # -- unknown queue ---------------------------------------------------------------------
     no_queue("produce-unknown-queue", P, {"queue_name": "nope", "items": [{"utf8": "x"}]}),
     no_queue("lease-unknown-queue", L, {"queue_name": "nope"}),
