@@ -69,7 +69,8 @@ def client(fleet: LocalFleet) -> Iterator[SyncClient]:
     c.produce("jobs", ['{"to": "ops@example.com"}', "plain text"])
     for item in c.lease("jobs", 2, lease_timeout=30):  # two dead letters
         c.retry("jobs", item.token, dead=True, error="handler raised ValueError")
-    c.produce("jobs", ['{"order": 1, "sku": "A-17"}', b"\x00\x01\xfe\xff"])
+    c.produce("jobs", [{"payload": '{"order": 1, "sku": "A-17"}',
+                        "headers": {"trace-id": "t-4711"}}, b"\x00\x01\xfe\xff"])
     c.produce("emails", [f"mail {n}" for n in range(5)])
     yield c
     c.close()
@@ -161,6 +162,8 @@ def test_queue_page_shows_settings_and_items_as_text_json_and_hex(
     row = admin.locator("#items tr.item").first
     row.click()
     assert "A-17" in admin.locator("#items pre.payload").first.inner_text()
+    assert "t-4711" in admin.locator("#items pre.headers").first.inner_text()
+    assert admin.locator("#items pre.headers").count() == 1  # the other item has none
     admin.select_option("#payload-view", "json")
     admin.locator("#items tr.item").first.click()
     assert '"sku": "A-17"' in admin.locator("#items pre.payload").first.inner_text()

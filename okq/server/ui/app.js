@@ -373,11 +373,11 @@ async function browse(box, name, status, dead) {
 
 function itemDetail(it) {
   const meta = { ...(it.meta || {}) };
-  const headers = it.headers || meta.headers || null;
+  const headers = it.headers || meta.headers || {};
   delete meta.headers;
   return h("div", {},
     h("pre", { class: "payload" }, payloadAs(it, state.view)),
-    headers ? [h("h2", {}, "Headers"), h("pre", { class: "headers" }, JSON.stringify(headers, null, 2))] : null,
+    Object.keys(headers).length ? [h("h2", {}, "Headers"), h("pre", { class: "headers" }, JSON.stringify(headers, null, 2))] : null,
     Object.keys(meta).length ? [h("h2", {}, "Meta"), h("pre", {}, JSON.stringify(meta, null, 2))] : null);
 }
 
