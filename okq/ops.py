@@ -32,14 +32,7 @@ from okq.model import MoveTask, QueueConfig
 from okq.opvalues import Outputs as Outputs  # the values operations carry, re-exported
 from okq.opvalues import Retry as Retry
 from okq.opvalues import RetryOutcome as RetryOutcome
-from okq.opvalues import (
-    info_in,
-    info_out,
-    items_in,
-    items_out,
-    leased_in,
-    leased_out,
-)
+from okq.opvalues import info_in, info_out, items_in, items_out, leased_in, leased_out
 from okq.publisher import NewItem, Produced
 from okq.scheduler import LeasedItem
 from okq.views import BrowsedItem, QueueStats
@@ -409,25 +402,21 @@ class Browse(Op[tuple[list[BrowsedItem], str | None]]):
 
 @dataclass(frozen=True, slots=True)
 class Redrive(Op[int]):
-    """Move dead letters back to the queues they came from (or all to
-    ``destination``); how many moved."""
+    """Move dead letters back to the queues they came from; how many moved."""
 
     name: ClassVar[str] = "redrive"
     right: ClassVar[str] = "dead.redrive"
     change: ClassVar[bool] = True
     queue: str
     limit: int = 1000
-    destination: str | None = None
+    destination: str | None = None  # every dead letter goes there instead of its source
 
     def named(self) -> tuple[tuple[str, str], ...]:
-        to = self.destination
-        return ((self.queue, "queue_name"),) + (((to, "destination"),) if to else ())
+        to = ((self.destination, "destination"),) if self.destination else ()
+        return ((self.queue, "queue_name"), *to)
 
     def pack(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"q": self.queue, "limit": self.limit}
-        if self.destination:
-            out["to"] = self.destination
-        return out
+        return {"q": self.queue, "limit": self.limit, "to": self.destination}
 
     @classmethod
     def unpack(cls, raw: dict[str, Any]) -> Redrive:

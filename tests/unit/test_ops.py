@@ -36,6 +36,7 @@ CHANGES: list[ops.Op[Any]] = [
     ops.UpdateQueue("jobs", {"lease_timeout": 5.0, "dead_queue": None}),
     ops.DeleteQueue("jobs"),
     ops.Redrive("dead", 50),
+    ops.Redrive("dead", 50, "elsewhere"),
 ]
 
 
@@ -111,3 +112,9 @@ def test_front_ends_reach_the_engine_only_through_the_pipeline(path: Path) -> No
                if isinstance(n, ast.Attribute) and n.attr in ("engine", "runtime", "scheduler",
                                                               "deliveries", "admin")]
     assert reached == []
+
+
+def test_a_redrive_names_its_destination_for_the_keys_prefixes() -> None:
+    assert ops.Redrive("dead").named() == (("dead", "queue_name"),)
+    assert ops.Redrive("dead", 5, "elsewhere").named() == (("dead", "queue_name"),
+                                                          ("elsewhere", "destination"))
