@@ -144,7 +144,7 @@ def work(url: str, *args: str) -> Worker:
     return Worker(proc)
 
 
-# -- a thousand items through a command that fails on some of them --------------------------
+# -- many items through a command that fails on some of them --------------------------
 
 FLAKY = r"""
 n=$(cat)
@@ -156,11 +156,13 @@ echo $((n * 2))
 if [ $((n % 50)) -eq 0 ]; then echo x; fi
 exit 0
 """
-N = 1000
+#: items through the flaky command: 500 in the suite (about 650 runs of it with the
+#: retries), ``OKQ_SHELL_ITEMS`` for more
+N = int(os.environ.get("OKQ_SHELL_ITEMS", "500"))
 MAX_ATTEMPTS = 3
 
 
-def test_a_thousand_items_through_a_failing_shell_command(node: Node, tmp_path: Path) -> None:
+def test_many_items_through_a_failing_shell_command(node: Node, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
     setup(node.url, {"k-dlq": {}, "k-out": {},
