@@ -1012,28 +1012,28 @@ def _summary(c: Counter[str], label: str, seconds: float) -> None:
 
 
 def test_engine_matches_model_memory_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    _check(EngineMachine, "MemoryStore, one engine", _examples(70, 500), monkeypatch)
+    _check(EngineMachine, "MemoryStore, one engine", _examples(52, 500), monkeypatch)
 
 
 def test_engine_matches_model_file_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    _check(FileMachine, "FileStore, one engine", _examples(14, 100), monkeypatch)
+    _check(FileMachine, "FileStore, one engine", _examples(10, 100), monkeypatch)
 
 
 def test_two_engines_share_a_store_safely(monkeypatch: pytest.MonkeyPatch) -> None:
-    _check(TwoEngineMachine, "MemoryStore, two engines", _examples(40, 300), monkeypatch)
+    _check(TwoEngineMachine, "MemoryStore, two engines", _examples(30, 300), monkeypatch)
 
 
 def test_two_engines_survive_overtaken_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     _check(OvertakenMachine, "MemoryStore, two engines, overtaken writes",
-           _examples(56, 400), monkeypatch)
+           _examples(42, 400), monkeypatch)
 
 
 def test_two_engines_with_skewed_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
     _check(SkewMachine, f"MemoryStore, two engines, clocks within ±{SKEW_MS // 1000} s",
-           _examples(56, 400), monkeypatch)
+           _examples(42, 400), monkeypatch)
 
 
 def test_skewed_clocks_and_overtaken_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     _check(SkewOvertakenMachine,
            f"MemoryStore, two engines, clocks within ±{SKEW_MS // 1000} s, overtaken writes",
-           _examples(28, 200), monkeypatch)
+           _examples(21, 200), monkeypatch)
