@@ -39,6 +39,7 @@ from okq.dev.servers import (
     ServerMissing,
     client_environment,
     free_port,
+    free_ports,
     port_answers,
     weed_binary,
 )
@@ -269,8 +270,10 @@ class LocalFleet:
 
     def _start_nodes(self) -> None:
         env = client_environment({**self.node_env, "OKQ_SIGNING_KEYS": self._signing_key()})
-        for index in range(1, self.node_count + 1):
-            port = free_port()
+        # Every port chosen before any node starts: a node binds its port a second or
+        # so after it starts, and a port chosen meanwhile could be the same one.
+        ports = free_ports(self.node_count)
+        for index, port in enumerate(ports, start=1):
             log = self.workdir / "logs" / f"node-{index}.log"
             node = FleetNode(index, port, self._node_argv(index, port), env, log,
                              self.start_timeout)

@@ -191,6 +191,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free right now: each socket stays bound until
+    all are chosen, so two servers started one after the other (before either has
+    bound its port) are not handed the same one, as two ``free_port()`` calls can."""
+    held = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in held:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def free_port_pairs(count: int) -> list[int]:
     """``count`` distinct free loopback ports ``p`` such that ``p + 10000`` is free too.
 
