@@ -25,10 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from okq.errors import FormatError, ObjectNotFound, StorageError
 from okq.keys import presence_prefix
+from okq.model import pack_object, unpack_object
 from okq.store import CountingStore, Store, list_all
 
 log = logging.getLogger("okq.presence")
@@ -61,23 +60,20 @@ class Report:
     info: dict[str, Any] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        body = {"f": "presence", "v": 1, "id": self.id, "kind": self.kind, "url": self.url,
-                "started": self.started_ms, "at": self.at_ms, "interval": self.interval,
-                "requests": self.requests, "per_s": self.per_s, "info": self.info}
-        out: bytes = msgpack.packb(body, use_bin_type=True)
-        return out
+        return pack_object("presence", {
+            "id": self.id, "kind": self.kind, "url": self.url, "started": self.started_ms,
+            "at": self.at_ms, "interval": self.interval, "requests": self.requests,
+            "per_s": self.per_s, "info": self.info})
 
     @classmethod
     def decode(cls, data: bytes) -> Report:
+        raw = unpack_object("presence", data)
         try:
-            raw = msgpack.unpackb(data, raw=False)
-            if not isinstance(raw, dict) or raw.get("f") != "presence" or raw.get("v") != 1:
-                raise ValueError("not a presence report of version 1")
             return cls(str(raw["id"]), str(raw["kind"]), str(raw["url"]), int(raw["started"]),
                        int(raw["at"]), float(raw["interval"]),
                        {str(k): int(v) for k, v in raw["requests"].items()},
                        {str(k): float(v) for k, v in raw["per_s"].items()}, dict(raw["info"]))
-        except (ValueError, KeyError, TypeError, AttributeError, msgpack.ExtraData) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise FormatError(f"malformed presence report: {exc}", data=data) from None
 
     def age(self, now_ms: int) -> float:
