@@ -107,11 +107,13 @@ class Publisher:
 
     async def _publish_calls(self, calls: list[list[NewItem]]) -> list[Produced | BaseException]:
         ids, fresh = await self._publish([i for items in calls for i in items])
+        # Commonly every item is new: then nothing is counted item by item.
+        taken = None if len(fresh) == len(ids) else set(range(len(ids))) - set(fresh)
         out: list[Produced | BaseException] = []
         pos = 0
         for items in calls:
             end = pos + len(items)
-            out.append(Produced(ids[pos:end], sum(i not in fresh for i in range(pos, end))))
+            out.append(Produced(ids[pos:end], sum(pos <= i < end for i in taken) if taken else 0))
             pos = end
         return out
 
@@ -127,7 +129,7 @@ class Publisher:
             n, items, size = n + 1, items + len(call), size + _size(call)
         return n
 
-    async def _publish(self, items: list[NewItem]) -> tuple[list[str], set[int]]:
+    async def _publish(self, items: list[NewItem]) -> tuple[list[str], list[int]]:
         """The items' ids, and the indexes of those published now (the others were
         answered by their idempotency keys)."""
         for _ in range(5):
@@ -141,7 +143,7 @@ class Publisher:
                 continue
             for dup, first in twins.items():
                 ids[dup] = ids[first]
-            return [i or "" for i in ids], set(fresh)
+            return [i or "" for i in ids], fresh
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
 
     async def _manifest_for(self, items: list[NewItem]) -> Manifest | None:
