@@ -3,7 +3,8 @@
 They sit below both ends: the node (``okq.server``) parses and answers with
 them; the client, the shell worker and the CLI send and read them, so nothing
 on the client side imports the server. They validate input (unknown fields are
-refused, so a typo names its field), and the OpenAPI document is generated from
+refused, so a typo names its field); a ``Reply`` ignores fields it does not know,
+so a client reads the replies of a newer node. The OpenAPI document is made from
 them. Payloads are ``bytes``: base64 in JSON, raw binary in msgpack; ``utf8`` is
 the convenient alternative for text. Times are RFC 3339 strings (or epoch
 seconds); durations are seconds. The ranges come from ``okq.limits``.
@@ -106,7 +107,11 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class ErrorBody(Body):
+class Reply(Body):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class ErrorBody(Reply):
     code: str
     message: str
     details: dict[str, Any] = {}
@@ -119,8 +124,7 @@ class ProduceItem(Body):
     key: str | None = Field(
         None, min_length=1, max_length=256,
         description="producer idempotency key: a retried produce with the same key "
-        "returns the first id instead of a duplicate (kept for 5 minutes)",
-    )
+        "returns the first id instead of a duplicate (kept for 5 minutes)")
     headers: Headers = Field(None, description="string headers, kept with the item")
     delay: float | None = Field(None, ge=0, le=DELAY_MAX, description="deliver no "
                                 "earlier than this many seconds from now (the node's clock)")
@@ -175,7 +179,7 @@ def plain_tokens(body: dict[str, Any]) -> tuple[str, list[str]] | None:
     return name, tokens
 
 
-class ProduceResponse(Body):
+class ProduceResponse(Reply):
     queue_name: str
     ids: list[str]
     duplicates: int | None = Field(None, description="items already there: their idempotency "
@@ -195,7 +199,7 @@ class LeaseRequest(Body):
     client_id: str | None = Field(None, max_length=256, description="for logs only")
 
 
-class LeasedItemOut(Body):
+class LeasedItemOut(Reply):
     id: str
     token: str = Field(description="proof of this delivery: renew, complete or retry with it")
     attempts: int
@@ -272,7 +276,7 @@ def leased_item_plain(i: Leased) -> dict[str, Any]:
     return out
 
 
-class LeaseResponse(Body):
+class LeaseResponse(Reply):
     queue_name: str
     items: list[LeasedItemOut]
 
@@ -283,7 +287,7 @@ class RenewRequest(Body):
     lease_timeout: Seconds | None = None
 
 
-class RenewResponse(Body):
+class RenewResponse(Reply):
     queue_name: str
     lease_deadline: datetime
 
@@ -297,10 +301,8 @@ class CompleteRequest(Body):
     queue_name: QueueName
     tokens: list[str] = Field(min_length=1)
     outputs: Outputs | None = Field(
-        None,
-        description="items to produce in the same step as the completion: they are "
-        "published if and only if the completion commits (one token only)",
-    )
+        None, description="items to produce in the same step as the completion: they are "
+        "published if and only if the completion commits (one token only)")
 
     @model_validator(mode="after")
     def _one_token_with_outputs(self) -> CompleteRequest:
@@ -309,7 +311,7 @@ class CompleteRequest(Body):
         return self
 
 
-class CompleteResponse(Body):
+class CompleteResponse(Reply):
     queue_name: str
     completed: int
     output_ids: list[str] | None = None
@@ -322,8 +324,7 @@ class RetryItem(Body):
     error: Text | None = Field(None, max_length=4096, description="kept as the last error")
     count_attempt: bool = Field(
         True, description="false gives the delivery back without counting it as an "
-        "attempt (e.g. a worker stopping before it ran the item)",
-    )
+        "attempt (e.g. a worker stopping before it ran the item)")
 
 
 class RetryRequest(Body):
@@ -331,7 +332,7 @@ class RetryRequest(Body):
     items: list[RetryItem] = Field(min_length=1)
 
 
-class RetryResponse(Body):
+class RetryResponse(Reply):
     queue_name: str
     retried: int
 
@@ -340,7 +341,7 @@ class QueueRequest(Body):
     queue_name: QueueName
 
 
-class StatsResponse(Body):
+class StatsResponse(Reply):
     queue_name: str
     available: int
     in_flight: int
@@ -355,7 +356,7 @@ class StatsResponse(Body):
     oldest_age: float
 
 
-class PurgeResponse(Body):
+class PurgeResponse(Reply):
     queue_name: str
 
 
@@ -365,8 +366,7 @@ class QueueSettings(Body):
     max_attempts: int | None = Field(None, ge=MAX_ATTEMPTS_MIN, le=MAX_ATTEMPTS_MAX)
     dead_queue: QueueName | None = None
     retention_dead_letter: bool | None = Field(
-        None, description="move items past retention to the dead-letter queue"
-    )
+        None, description="move items past retention to the dead-letter queue")
 
 
 class QueueCreate(QueueSettings):
@@ -389,7 +389,7 @@ class QueuesListRequest(Body):
     pass
 
 
-class QueueInfoOut(Body):
+class QueueInfoOut(Reply):
     name: str
     lease_timeout: float
     retention: float
@@ -401,7 +401,7 @@ class QueueInfoOut(Body):
     produced: int
 
 
-class QueuesListResponse(Body):
+class QueuesListResponse(Reply):
     queues: list[QueueInfoOut]
 
 
@@ -419,7 +419,7 @@ class KeyCreate(Body):
     name: str = Field("", max_length=200, description="a label: who or what holds the key")
 
 
-class KeyOut(Body):
+class KeyOut(Reply):
     id: str
     namespace: str
     role: str
@@ -436,7 +436,7 @@ class KeysListRequest(Body):
     pass
 
 
-class KeysListResponse(Body):
+class KeysListResponse(Reply):
     keys: list[KeyOut]
 
 
@@ -444,12 +444,12 @@ class KeyDelete(Body):
     id: str = Field(pattern=r"^[0-9a-f]{16}$", description="the key's id")
 
 
-class KeyDeleteResponse(Body):
+class KeyDeleteResponse(Reply):
     id: str
     deleted: bool
 
 
-class DeleteResponse(Body):
+class DeleteResponse(Reply):
     name: str
 
 
@@ -459,7 +459,7 @@ class ItemsListRequest(Body):
     start_after: str | None = Field(None, description="an item id: list the items after it")
 
 
-class ItemOut(Body):
+class ItemOut(Reply):
     id: str
     state: str = Field(description="available, scheduled, leased or waiting")
     attempts: int
@@ -472,7 +472,7 @@ class ItemOut(Body):
     headers: dict[str, str] = Field(default_factory=dict, description="the item's headers")
 
 
-class ItemsListResponse(Body):
+class ItemsListResponse(Reply):
     queue_name: str
     items: list[ItemOut]
     next_start_after: str | None
@@ -485,12 +485,12 @@ class RedriveRequest(Body):
         None, description="move every dead letter to this queue instead of its source")
 
 
-class RedriveResponse(Body):
+class RedriveResponse(Reply):
     queue_name: str
     moved: int
 
 
-class HealthResponse(Body):
+class HealthResponse(Reply):
     status: str
     store: str = Field(description="the store's kind: s3, file or memory")
     store_heard: float | None = Field(

@@ -215,3 +215,19 @@ async def test_client_names_a_reply_that_is_not_okq(path: str) -> None:
         else:
             await client.produce("q", [b"x"])
     assert err.value.details.get("not_okq") is True
+
+
+def test_a_reply_from_a_newer_node_with_fields_this_client_does_not_know_is_read() -> None:
+    """Replies read by their wire model ignore unknown fields, at the top and in nested
+    items, so an older client keeps working when a node adds a field to a reply;
+    requests still refuse them, so a typo in a request names its field."""
+    from okq.client import _validated
+
+    item = {"id": "01ID", "state": "available", "attempts": 0, "produced_at": T0 / 1000,
+            "ready_at": T0 / 1000, "bytes": b"x", "added_later": {"any": "thing"}}
+    body = {"queue_name": "q", "items": [item], "next_start_after": None, "also_later": 1}
+    got = _validated(s.ItemsListResponse)(msgpack.packb(body, use_bin_type=True))
+    assert [i.id for i in got.items] == ["01ID"]
+    assert not hasattr(got, "also_later") and not hasattr(got.items[0], "added_later")
+    with pytest.raises(ValueError, match="also_later"):
+        s.ItemsListRequest.model_validate({"queue_name": "q", "also_later": 1})
