@@ -88,8 +88,13 @@ CLAIM_TURN = 0.3
 DEAD_MEMORY = 600.0
 
 
+def role_prefix(ns: str) -> str:
+    """What every sequencer role object's key starts with: the shard number follows."""
+    return f"{ns}/roles/sequencer-"
+
+
 def role_key(ns: str, shard: int) -> str:
-    return f"{ns}/roles/sequencer-{shard}"
+    return f"{role_prefix(ns)}{shard}"
 
 
 def shard_of(queue: str, shards: int) -> int:

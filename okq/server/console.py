@@ -28,7 +28,7 @@ from pydantic import Field
 
 from okq.errors import FormatError, ObjectNotFound
 from okq.presence import PRICES, Report, dollars_per_month, read_reports
-from okq.sequencer import RoleRecord
+from okq.sequencer import RoleRecord, role_prefix
 from okq.server.codec import respond
 from okq.server.handlers import parse
 from okq.server.state import NAMESPACE, NODE_ID, PRINCIPAL, STORE
@@ -176,7 +176,7 @@ def _process(r: Report, now_ms: int) -> ProcessOut:
 
 async def _roles(store: Store, ns: str) -> list[RoleOut]:
     """The sequencer role objects as they are now (none outside sequencer mode)."""
-    prefix = f"{ns}/roles/sequencer-"
+    prefix = role_prefix(ns)
     out = []
     async for info in list_all(store, prefix):
         try:
