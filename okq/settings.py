@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     signing_keys_file: Path | None = Field(
         None, description="file with one signing key per line (instead of signing_keys)"
     )
+    token_format: int = Field(
+        2, ge=1, le=2,
+        description="the lease-token layout this node signs; every node reads both. 1 while "
+        "a fleet still runs okq older than format 2, which reads only 1 (docs/DESIGN.md, "
+        "\"Tokens\")",
+    )
     api_keys: SecretStr | None = Field(
         None,
         description="comma-separated operator API keys (admin in every namespace); when "

@@ -1,13 +1,25 @@
 """Lease tokens (receipt handles): who may renew, complete or retry a delivery.
 
 A token names one delivery: (namespace, queue, segment, index, delivery
-counter ``v``). It is signed with HMAC-SHA256 (from ``cryptography``) under the
-fleet-wide key list: the first key signs, every key verifies, so keys rotate by
-prepending a new one and later dropping the old. The namespace is inside the
-signed bytes, so a token from one namespace is refused in another.
+counter ``v``). It is signed under the fleet-wide key list: the first key
+signs, every key verifies, so keys rotate by prepending a new one and later
+dropping the old. The namespace is inside the signed text, so a token from one
+namespace is refused in another. ``kid`` is the first 4 bytes of SHA-256 of the
+signing key.
 
-Layout: ``base64url(msgpack([kid, ns, queue, segment, index, v])) "." base64url(mac[:16])``
-where ``kid`` is the first 4 bytes of SHA-256 of the key.
+Two layouts; every node verifies both, and signs the one its signer was made
+for (``TokenSigner(keys, version=...)``, ``--token-format``):
+
+* version 2 (the default): ``HEAD "." index "." v "." MAC`` where ``HEAD`` is
+  ``base64url(msgpack([kid, ns, queue, segment]))``, ``index`` and ``v`` are
+  canonical decimals (no "+", no leading zero, "-" only before a non-zero
+  number; okq's own are never negative), and ``MAC`` is 32 lowercase hex digits:
+  keyed BLAKE2b (16-byte digest, personalisation ``okq-token-v2``) of the
+  token's text before its last dot. A lease's tokens of one segment share
+  ``HEAD`` and the MAC state after it, so each costs a format and a hash.
+* version 1: ``base64url(msgpack([kid, ns, queue, segment, index, v])) "."
+  base64url(mac[:16])`` with HMAC-SHA256 (from ``cryptography``); what nodes
+  before version 2 sign and the only one they read.
 
 This is the pure-Python implementation and the source of the compiled one:
 callers reach either through okq/tokens.py.
@@ -17,6 +29,7 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import hmac as std_hmac
 import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,9 +41,12 @@ from mypy_extensions import mypyc_attr
 
 from okq.errors import InvalidToken
 
-__all__ = ["MAC_BYTES", "Delivery", "TokenSigner", "generate_key", "key_id"]
+__all__ = ["FORMATS", "MAC_BYTES", "Delivery", "TokenSigner", "generate_key", "key_id"]
 
 MAC_BYTES = 16
+#: The token layouts every node reads; a signer writes one of them.
+FORMATS = (1, 2)
+_PERSON_V2 = b"okq-token-v2"
 #: One packer for every token (msgpack.packb makes one per call; ``pack`` holds the GIL).
 _PACKER = msgpack.Packer(use_bin_type=True)
 
@@ -100,7 +116,9 @@ class TokenSigner:
     #: check (its key list never changes). Bounded: older tokens verify the long way.
     REMEMBER = 50_000
 
-    def __init__(self, keys: list[bytes]) -> None:
+    def __init__(self, keys: list[bytes], version: int = 2) -> None:
+        if version not in FORMATS:
+            raise ValueError(f"token format {version} is not one of {FORMATS}")
         if not keys:
             raise ValueError("at least one signing key is needed")
         for key in keys:
@@ -110,6 +128,9 @@ class TokenSigner:
         self._by_id = {key_id(k): k for k in reversed(self.keys)}
         # One keyed HMAC per key, copied per token: keying costs more than hashing.
         self._hmacs = {k: hmac.HMAC(k, hashes.SHA256()) for k in self.keys}
+        self._blakes = {k: hashlib.blake2b(key=k, digest_size=MAC_BYTES, person=_PERSON_V2)
+                        for k in self.keys}
+        self.version = version
         self._kid = key_id(self.keys[0])
         self._minted: OrderedDict[str, Delivery] = OrderedDict()
 
@@ -124,7 +145,10 @@ class TokenSigner:
     def sign_many(self, namespace: str, queue: str, segment: str,
                   deliveries: Sequence[tuple[int, int]]) -> list[str]:
         """Tokens for deliveries ``(index, v)`` of one segment: each the token
-        :meth:`sign` gives, with the body's shared head packed once."""
+        :meth:`sign` gives, with the shared head (and in version 2 its MAC state)
+        made once."""
+        if self.version == 2:
+            return self._sign_many_v2(namespace, queue, segment, deliveries)
         head: bytes = _HEAD + _PACKER.pack(self._kid) + _PACKER.pack(namespace) + \
             _PACKER.pack(queue) + _PACKER.pack(segment)
         keyed = self._hmacs[self.keys[0]]
@@ -141,6 +165,24 @@ class TokenSigner:
             minted.popitem(last=False)
         return tokens
 
+    def _sign_many_v2(self, namespace: str, queue: str, segment: str,
+                      deliveries: Sequence[tuple[int, int]]) -> list[str]:
+        prefix = _b64(_PACKER.pack([self._kid, namespace, queue, segment])) + "."
+        keyed = self._blakes[self.keys[0]].copy()
+        keyed.update(prefix.encode())
+        minted = self._minted
+        tokens: list[str] = []
+        for index, v in deliveries:
+            tail = f"{index}.{v}"
+            h = keyed.copy()
+            h.update(tail.encode())
+            token = f"{prefix}{tail}.{h.hexdigest()}"
+            minted[token] = Delivery(namespace, queue, segment, index, v)
+            tokens.append(token)
+        while len(minted) > self.REMEMBER:
+            minted.popitem(last=False)
+        return tokens
+
     def verify(self, token: object, namespace: str, field: str = "token") -> Delivery:
         """Return the delivery a token names, or raise InvalidToken."""
         if not isinstance(token, str):  # a compiled build checks its arguments' types
@@ -151,6 +193,8 @@ class TokenSigner:
         return self._verify(token, namespace, field)
 
     def _verify(self, token: str, namespace: str, field: str) -> Delivery:
+        if token.count(".") == 3:
+            return self._verify_v2(token, namespace, field)
         try:
             body_text, mac_text = token.split(".")
             body = _unb64(body_text)
@@ -171,6 +215,42 @@ class TokenSigner:
                 and isinstance(v, int)):
             raise InvalidToken(f"{field} is malformed", field=field)
         return Delivery(ns, queue, segment, index, v)
+
+    def _verify_v2(self, token: str, namespace: str, field: str) -> Delivery:
+        signed, _, mac = token.rpartition(".")
+        head_text, index_text, v_text = signed.split(".")
+        try:
+            head = msgpack.unpackb(_unb64(head_text))
+        except Exception as exc:
+            raise InvalidToken(f"{field} is not an okq lease token", field=field) from exc
+        index, v = _decimal(index_text), _decimal(v_text)
+        if not isinstance(head, list) or len(head) != 4 or index is None or v is None:
+            raise InvalidToken(f"{field} is not an okq lease token", field=field)
+        kid, ns, queue, segment = head
+        key = self._by_id.get(kid) if isinstance(kid, bytes) else None
+        if key is None:
+            raise InvalidToken(f"{field} was signed with an unknown key", field=field)
+        h = self._blakes[key].copy()
+        h.update(signed.encode())
+        # Any MAC text but the exact lowercase hex spelling is a bad signature.
+        if not std_hmac.compare_digest(h.hexdigest(), mac if mac.isascii() else ""):
+            raise InvalidToken(f"{field} has a bad signature", field=field)
+        if ns != namespace:
+            raise InvalidToken(f"{field} belongs to another namespace", field=field)
+        if not (isinstance(queue, str) and isinstance(segment, str)):
+            raise InvalidToken(f"{field} is malformed", field=field)
+        return Delivery(ns, queue, segment, index, v)
+
+
+def _decimal(text: str) -> int | None:
+    """A canonical decimal (ASCII digits, no leading zero, "-" only before a
+    non-zero number, no "+", space or underscore), so that no two strings name
+    one token; None for anything else."""
+    digits = text[1:] if text[:1] == "-" else text
+    if not (digits.isascii() and digits.isdigit()) or (len(digits) > 1 and digits[0] == "0") \
+            or text == "-0":
+        return None
+    return int(text)
 
 
 def generate_key() -> bytes:

@@ -61,7 +61,7 @@ def install(app: web.Application, settings: Settings, store: Store, *,
     # Every part works through the watch: /health answers from its notes.
     watched = StoreWatch(counting)
     keys = settings.keys()
-    engine = Engine(watched, TokenSigner(keys), namespace=settings.namespace,
+    engine = Engine(watched, TokenSigner(keys, settings.token_format), namespace=settings.namespace,
                     clock=clock, options=settings.engine_options())
     app[SETTINGS] = settings
     app[STORE] = counting

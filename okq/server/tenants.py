@@ -64,7 +64,8 @@ class Tenants:
                 if len(self._services) + 1 >= self.settings.max_namespaces:
                     raise Overloaded(f"this node serves {self.settings.max_namespaces} "
                                      "namespaces already (--max-namespaces)", retry_after=60)
-                engine = Engine(self.store, TokenSigner(self.keys), namespace=namespace,
+                signer = TokenSigner(self.keys, self.settings.token_format)
+                engine = Engine(self.store, signer, namespace=namespace,
                                 clock=self.clock, options=self.settings.engine_options())
                 await engine.start(self_check=False)  # the node's store passed at start
                 self._engines[namespace] = engine

@@ -41,7 +41,7 @@ def _in(chosen: ModuleType, facade: ModuleType, value: Any) -> Any:
             if dataclasses.is_dataclass(value):
                 return theirs(**{f.name: getattr(value, f.name)
                                  for f in dataclasses.fields(value) if f.init})
-            return theirs(value.keys)  # a TokenSigner: the only other class with instances
+            return theirs(value.keys, value.version)  # a TokenSigner: the only other instances
     return value
 
 

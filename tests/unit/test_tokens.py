@@ -42,23 +42,40 @@ def refused(signer: TokenSigner, token: object, namespace: str = "ns") -> Invali
 def test_round_trip() -> None:
     s = TokenSigner([K1])
     token = s.sign(D)
-    assert isinstance(token, str) and token.count(".") == 1
+    assert isinstance(token, str) and token.count(".") == 3  # version 2, the default
     assert s.verify(token, "ns") == D
+    assert TokenSigner([K1]).verify(token, "ns") == D  # a node that did not mint it
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_every_node_reads_both_layouts(version: int) -> None:
+    token = TokenSigner([K1], version).sign(D)
+    assert token.count(".") == {1: 1, 2: 3}[version]
+    for reader in (1, 2):
+        assert TokenSigner([K1], reader).verify(token, "ns") == D
+
+
+def test_unknown_layout_version_is_refused() -> None:
+    with pytest.raises(ValueError, match="token format 3"):
+        TokenSigner([K1], 3)
 
 
 @given(
     ns=st.text(min_size=1, max_size=30),
     queue=st.text(max_size=30),
     segment=st.text(max_size=30),
-    index=st.integers(0, 2**63 - 1),
+    index=st.integers(-(2**63), 2**63 - 1),  # okq's are never negative; the layouts allow it
     v=st.integers(0, 2**63 - 1),
+    version=st.sampled_from([1, 2]),
 )
-def test_round_trip_any_delivery(ns: str, queue: str, segment: str, index: int, v: int) -> None:
-    s = TokenSigner([K1])
+def test_round_trip_any_delivery(ns: str, queue: str, segment: str, index: int, v: int,
+                                 version: int) -> None:
+    s = TokenSigner([K1], version)
     d = Delivery(ns, queue, segment, index, v)
     token = s.sign(d)
     assert all(c.isascii() and (c.isalnum() or c in "-_.") for c in token)
     assert s.verify(token, ns) == d
+    assert TokenSigner([K1]).verify(token, ns) == d
 
 
 @given(
@@ -73,7 +90,7 @@ def test_sign_many_spells_each_token_as_the_documented_layout(
     """A batch's tokens, their shared head packed once, are byte for byte the
     layout of the module docstring (what nodes of every version verify), and each
     verifies on another node, which has no memory of minting it."""
-    tokens = TokenSigner([K1]).sign_many(ns, queue, segment, deliveries)
+    tokens = TokenSigner([K1], 1).sign_many(ns, queue, segment, deliveries)
     other = TokenSigner([K1])
     assert len(tokens) == len(deliveries)
     for token, (index, v) in zip(tokens, deliveries, strict=True):
@@ -81,6 +98,71 @@ def test_sign_many_spells_each_token_as_the_documented_layout(
         assert unb64(body) == msgpack.packb([key_id(K1), ns, queue, segment, index, v])
         assert unb64(mac) == hmac.new(K1, unb64(body), hashlib.sha256).digest()[:16]
         assert other.verify(token, ns) == Delivery(ns, queue, segment, index, v)
+
+
+@given(
+    ns=st.text(min_size=1, max_size=30),
+    queue=st.text(max_size=30),
+    segment=st.text(max_size=30),
+    deliveries=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+                        max_size=20),
+)
+def test_version_2_tokens_are_spelt_as_documented(
+        ns: str, queue: str, segment: str, deliveries: list[tuple[int, int]]) -> None:
+    """Version 2, made here from the module docstring with hashlib alone."""
+    tokens = TokenSigner([K1]).sign_many(ns, queue, segment, deliveries)
+    other = TokenSigner([K1])
+    head = b64(msgpack.packb([key_id(K1), ns, queue, segment]))
+    for token, (index, v) in zip(tokens, deliveries, strict=True):
+        signed = f"{head}.{index}.{v}"
+        mac = hashlib.blake2b(signed.encode(), key=K1, digest_size=16,
+                              person=b"okq-token-v2").hexdigest()
+        assert token == f"{signed}.{mac}"
+        assert other.verify(token, ns) == Delivery(ns, queue, segment, index, v)
+
+
+def v2_parts(token: str) -> list[str]:
+    parts = token.split(".")
+    assert len(parts) == 4
+    return parts
+
+
+@pytest.mark.parametrize("change", [
+    lambda p: [p[0], str(int(p[1]) + 1), p[2], p[3]],  # another item
+    lambda p: [p[0], p[1], str(int(p[2]) + 1), p[3]],  # the next delivery
+    lambda p: [p[0], p[1], p[2], p[3][:-1] + ("1" if p[3][-1] == "0" else "0")],
+    lambda p: [p[0], p[1], p[2], p[3].upper()],
+    lambda p: [p[0], p[1], p[2], p[3][:-2]],
+    lambda p: [p[0], p[1], p[2], ""],
+    lambda p: [p[0], p[1], p[2], "é" * 32],
+])
+def test_version_2_edits_are_bad_signatures(change: object) -> None:
+    s = TokenSigner([K1])
+    edited = ".".join(change(v2_parts(s.sign(D))))  # type: ignore[operator]
+    assert "bad signature" in refused(s, edited).message
+
+
+@pytest.mark.parametrize("spelling",
+                         ["017", "+17", " 17", "1_7", "17 ", "-017", "-0", "", "\uff11\uff17"])
+def test_version_2_numbers_have_one_spelling(spelling: str) -> None:
+    """No two strings name one token: 17 is spelt "17" and nothing else."""
+    s = TokenSigner([K1])
+    head, _, v, mac = v2_parts(s.sign(D))
+    assert "not an okq lease token" in refused(s, f"{head}.{spelling}.{v}.{mac}").message
+
+
+def test_version_2_head_of_another_shape_is_refused() -> None:
+    s = TokenSigner([K1])
+    for head in ([key_id(K1), "ns", "q"], {"kid": 1}, "text", [key_id(K1), "ns", "q", "s", 0]):
+        token = f"{b64(msgpack.packb(head))}.1.2.{'0' * 32}"
+        assert "not an okq lease token" in refused(s, token).message
+
+
+def test_version_2_key_rotation_and_namespace() -> None:
+    token = TokenSigner([K2, K1]).sign(D)
+    assert TokenSigner([K1, K2]).verify(token, "ns") == D
+    assert "unknown key" in refused(TokenSigner([K1]), token).message
+    assert "another namespace" in refused(TokenSigner([K2]), token, namespace="other").message
 
 
 def test_field_name_is_used_in_errors() -> None:
@@ -91,7 +173,7 @@ def test_field_name_is_used_in_errors() -> None:
 
 
 def test_tampered_body_is_refused() -> None:
-    s = TokenSigner([K1])
+    s = TokenSigner([K1], 1)
     body, mac = s.sign(D).split(".")
     fields = msgpack.unpackb(unb64(body))
     fields[5] = D.v + 1  # claim the next delivery
@@ -100,7 +182,7 @@ def test_tampered_body_is_refused() -> None:
 
 
 def test_tampered_mac_is_refused() -> None:
-    s = TokenSigner([K1])
+    s = TokenSigner([K1], 1)
     body, mac = s.sign(D).split(".")
     raw = bytearray(unb64(mac))
     raw[0] ^= 1
@@ -109,7 +191,7 @@ def test_tampered_mac_is_refused() -> None:
 
 @pytest.mark.parametrize("cut", ["mac", "body", "dot"])
 def test_truncated_token_is_refused(cut: str) -> None:
-    s = TokenSigner([K1])
+    s = TokenSigner([K1], 1)
     token = s.sign(D)
     body, mac = token.split(".")
     variant = {
@@ -168,22 +250,23 @@ def test_well_signed_but_malformed_fields_are_refused() -> None:
     assert "malformed" in refused(s, token).message
 
 
-def test_key_rotation() -> None:
-    old = TokenSigner([K1])
+@pytest.mark.parametrize("version", [1, 2])
+def test_key_rotation(version: int) -> None:
+    old = TokenSigner([K1], version)
     old_token = old.sign(D)
-    rotated = TokenSigner([K2, K1])  # new key first: it signs, both verify
+    rotated = TokenSigner([K2, K1], version)  # new key first: it signs, both verify
     new_token = rotated.sign(D)
     assert new_token != old_token
     assert rotated.verify(old_token, "ns") == D
     assert rotated.verify(new_token, "ns") == D
     assert "unknown key" in refused(old, new_token).message  # not yet rotated
-    dropped = TokenSigner([K2])  # old key dropped: its tokens are refused
+    dropped = TokenSigner([K2], version)  # old key dropped: its tokens are refused
     assert dropped.verify(new_token, "ns") == D
     assert "unknown key" in refused(dropped, old_token).message
 
 
 def test_signing_uses_the_first_key() -> None:
-    token = TokenSigner([K2, K1]).sign(D)
+    token = TokenSigner([K2, K1], 1).sign(D)
     kid = msgpack.unpackb(unb64(token.split(".")[0]))[0]
     assert kid == key_id(K2)
 
@@ -210,7 +293,10 @@ EDIT_CHARS = st.sampled_from(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+/=.!~ \n\x00é"
 )
 SIGNER = TokenSigner([K2, K1])
-TOKENS = [SIGNER.sign(D), TokenSigner([K1]).sign(Delivery("ns", "q", "s", 0, 1))]
+#: Version 1 tokens, for the tests of that layout's spelling.
+V1 = TokenSigner([K2, K1], 1)
+TOKENS = [V1.sign(D), TokenSigner([K1], 1).sign(Delivery("ns", "q", "s", 0, 1)),
+          SIGNER.sign(D), TokenSigner([K1]).sign(Delivery("ns", "q", "s", 0, 1))]
 
 
 @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
@@ -246,24 +332,25 @@ def test_no_single_character_change_of_a_token_verifies() -> None:
 
 @pytest.mark.parametrize("where", ["body", "mac"])
 def test_padded_spellings_are_refused(where: str) -> None:
-    body, mac = SIGNER.sign(D).split(".")
+    body, mac = V1.sign(D).split(".")
     variant = f"{body}==.{mac}" if where == "body" else f"{body}.{mac}=="
     refused(SIGNER, variant)
 
 
 def test_standard_alphabet_spelling_is_refused() -> None:
-    tokens = (SIGNER.sign(Delivery("ns", "q", "s", 0, v)) for v in range(1000))
+    tokens = (V1.sign(Delivery("ns", "q", "s", 0, v)) for v in range(1000))
     token = next(t for t in tokens if "-" in t or "_" in t)
     assert SIGNER.verify(token, "ns")
     refused(SIGNER, token.replace("-", "+").replace("_", "/"))
 
 
-@pytest.mark.parametrize("token", TOKENS, ids=["two-keys", "one-key"])
+@pytest.mark.parametrize("token", TOKENS, ids=["v1-two-keys", "v1-one-key", "two-keys",
+                                                "one-key"])
 def test_any_single_character_change_of_the_mac_is_a_bad_signature(token: str) -> None:
     """A well-formed token whose MAC does not verify says so, whichever character of
-    the MAC was changed and to what: the last character (whose unused bits make the
-    spelling non-canonical) and characters outside base64url included."""
-    body, mac = token.split(".")
+    the MAC was changed and to what: the last character (whose unused bits make a
+    version 1 spelling non-canonical) and characters outside the alphabet included."""
+    body, _, mac = token.rpartition(".")
     for pos in range(len(mac)):
         for new in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_+/=!é ":
             if new == mac[pos]:
@@ -275,5 +362,7 @@ def test_any_single_character_change_of_the_mac_is_a_bad_signature(token: str) -
 @pytest.mark.parametrize("mac", ["", "AB", "AAAA", "A" * 23],
                          ids=["empty", "short-non-canonical", "short", "long"])
 def test_a_mac_of_the_wrong_length_is_a_bad_signature(mac: str) -> None:
-    body = SIGNER.sign(D).split(".")[0]
+    body = V1.sign(D).split(".")[0]
     assert "bad signature" in refused(SIGNER, f"{body}.{mac}").message
+    signed = SIGNER.sign(D).rpartition(".")[0]
+    assert "bad signature" in refused(SIGNER, f"{signed}.{mac.lower()}").message
