@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import hashlib
 import os
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
 from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
@@ -254,18 +256,10 @@ class FileStore:
                 tmp, fd = _write_temporary(path, data)
             except OSError as exc:
                 raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
-            committing = asyncio.get_running_loop().run_in_executor(
-                _COMMITS, _commit, tmp, fd, path, held.fd)
         except BaseException:
             held.release()
             raise
-        committing.add_done_callback(lambda _: held.mine.release())
-        try:
-            # Shielded: cancelling the caller must not mark the write done (and so
-            # release the asyncio lock) while the thread is still renaming.
-            await asyncio.shield(committing)
-        except OSError as exc:
-            raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
+        await _hand_off(held, f"writing {key!r}", key, _commit, tmp, fd, path)
         return etag_of(data)
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
@@ -281,16 +275,10 @@ class FileStore:
                 return
             except OSError as exc:
                 raise StorageError(f"deleting {key!r}: {exc}", key=key) from exc
-            syncing = asyncio.get_running_loop().run_in_executor(
-                _COMMITS, _sync_dir, path.parent, held.fd)
         except BaseException:
             held.release()
             raise
-        syncing.add_done_callback(lambda _: held.mine.release())
-        try:
-            await asyncio.shield(syncing)
-        except OSError as exc:
-            raise StorageError(f"deleting {key!r}: {exc}", key=key) from exc
+        await _hand_off(held, f"deleting {key!r}", key, _sync_dir, path.parent)
 
     async def list(
         self, prefix: str, *, start_after: str | None = None, limit: int = 1000
@@ -318,6 +306,24 @@ def atomic_write(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+async def _hand_off(held: _Held, what: str, key: str, finish: Callable[..., None],
+                    *args: Any) -> None:
+    """``finish(*args, lock_fd)`` in a commit thread, which releases the flock; this
+    store's asyncio lock is released when it is done. Shielded: a cancelled caller
+    must not mark it done (and let the next write in) while the thread renames."""
+    try:
+        done = asyncio.get_running_loop().run_in_executor(
+            _COMMITS, functools.partial(finish, *args, held.fd))
+    except BaseException:
+        held.release()
+        raise
+    done.add_done_callback(lambda _: held.mine.release())
+    try:
+        await asyncio.shield(done)
+    except OSError as exc:
+        raise StorageError(f"{what}: {exc}", key=key) from exc
 
 
 def _read_fd(fd: int) -> bytes:
