@@ -161,8 +161,7 @@ class TokenSigner:
             token = f"{_b64(body)}.{_b64(h.finalize()[:MAC_BYTES])}"
             minted[token] = Delivery(namespace, queue, segment, index, v)
             tokens.append(token)
-        while len(minted) > self.REMEMBER:
-            minted.popitem(last=False)
+        self._forget_oldest()
         return tokens
 
     def _sign_many_v2(self, namespace: str, queue: str, segment: str,
@@ -179,9 +178,14 @@ class TokenSigner:
             token = f"{prefix}{tail}.{h.hexdigest()}"
             minted[token] = Delivery(namespace, queue, segment, index, v)
             tokens.append(token)
+        self._forget_oldest()
+        return tokens
+
+    def _forget_oldest(self) -> None:
+        """Keep the record of minted tokens to its bound, the oldest leaving first."""
+        minted = self._minted
         while len(minted) > self.REMEMBER:
             minted.popitem(last=False)
-        return tokens
 
     def verify(self, token: object, namespace: str, field: str = "token") -> Delivery:
         """Return the delivery a token names, or raise InvalidToken."""
