@@ -78,13 +78,17 @@ def test_round_trip_any_delivery(ns: str, queue: str, segment: str, index: int, 
     assert TokenSigner([K1]).verify(token, ns) == d
 
 
-@given(
-    ns=st.text(min_size=1, max_size=30),
-    queue=st.text(max_size=30),
-    segment=st.text(max_size=30),
-    deliveries=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
-                        max_size=20),
-)
+#: A lease's tokens of one segment: its names and its deliveries (index, v).
+SEGMENT_BATCHES = {
+    "ns": st.text(min_size=1, max_size=30),
+    "queue": st.text(max_size=30),
+    "segment": st.text(max_size=30),
+    "deliveries": st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+                           max_size=20),
+}
+
+
+@given(**SEGMENT_BATCHES)
 def test_sign_many_spells_each_token_as_the_documented_layout(
         ns: str, queue: str, segment: str, deliveries: list[tuple[int, int]]) -> None:
     """A batch's tokens, their shared head packed once, are byte for byte the
@@ -100,13 +104,7 @@ def test_sign_many_spells_each_token_as_the_documented_layout(
         assert other.verify(token, ns) == Delivery(ns, queue, segment, index, v)
 
 
-@given(
-    ns=st.text(min_size=1, max_size=30),
-    queue=st.text(max_size=30),
-    segment=st.text(max_size=30),
-    deliveries=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
-                        max_size=20),
-)
+@given(**SEGMENT_BATCHES)
 def test_version_2_tokens_are_spelt_as_documented(
         ns: str, queue: str, segment: str, deliveries: list[tuple[int, int]]) -> None:
     """Version 2, made here from the module docstring with hashlib alone."""
