@@ -108,7 +108,7 @@ class Seconds(click.types.FloatParamType):
 SECONDS = Seconds()
 #: The Settings fields the compactor uses; the rest are the node's.
 SETTINGS = ("store", "endpoint_url", "s3_timeout", "namespace", "self_check", "log_level",
-            "report_interval")
+            "report_interval", "manifest_chunk")
 PUBLISH_DEADLINE = EngineOptions().publish_timeout
 
 

@@ -42,6 +42,7 @@ from okq.engine import Engine
 from okq.errors import ObjectNotFound
 from okq.finishers import Finishers
 from okq.keys import (
+    chunks_prefix,
     lease_key,
     leases_prefix,
     manifests_prefix,
@@ -395,6 +396,13 @@ class Compactor:
 
         await self._delete_old(segments_prefix(self.ns, queue), orphan, report)
         await self._delete_leases(queue, orphan, report)
+        # A chunk its manifest no longer references (a compaction rewrote it, or the
+        # head that would have referenced it lost its race). A node still reading
+        # an older head that references it finds it gone and reads the head again.
+        chunks = {c.id for c in m.chunks}
+        await self._delete_old(chunks_prefix(self.ns, queue),
+                               lambda cid: cid not in chunks and _id_ms(cid) < m.gc_floor_ms,
+                               report)
 
     async def _delete_leases(self, queue: str, orphan: Callable[[str], bool],
                              report: Report) -> None:
@@ -414,7 +422,8 @@ class Compactor:
         report = Report()
         queues = set(await self.admin.list_queues())
         grace = max(self.opts.safety_age, self.opts.lease_grace)
-        for prefix, min_age in ((segments_prefix, self.opts.safety_age), (leases_prefix, grace)):
+        for prefix, min_age in ((segments_prefix, self.opts.safety_age), (leases_prefix, grace),
+                                (chunks_prefix, self.opts.safety_age)):
             async for name in children(self.store, prefix(self.ns)):
                 if name not in queues:
                     await self._delete_old(prefix(self.ns, name), lambda sid: True,

@@ -28,8 +28,8 @@ from okq.manifest_ops import Purge, UpdateConfig, merged_config
 from okq.model import (
     Manifest,
     QueueConfig,
-    decode_manifest,
     encode_manifest,
+    manifest_config,
     new_nonce,
     new_request_id,
 )
@@ -151,19 +151,20 @@ class Admin:
         users: list[str] = []
         for start in range(0, len(others), 32):
             chunk = others[start : start + 32]
-            found = await asyncio.gather(*(self._read_manifest(o) for o in chunk))
-            users += [o for o, m in zip(chunk, found, strict=True)
-                      if m is not None and m.config.dead_queue == name]
+            found = await asyncio.gather(*(self._read_config(o) for o in chunk))
+            users += [o for o, c in zip(chunk, found, strict=True)
+                      if c is not None and c.dead_queue == name]
         return users
 
-    async def _read_manifest(self, name: str) -> Manifest | None:
-        """A queue's manifest read fresh from the store, or None if there is none
-        (without creating a runtime for the queue in this engine)."""
+    async def _read_config(self, name: str) -> QueueConfig | None:
+        """A queue's config read fresh from its manifest, or None if there is none
+        (without creating a runtime for the queue in this engine, or reading its
+        manifest's chunks)."""
         try:
             blob = await self.rt.store.get(manifest_key(self.rt.ns, name))
         except ObjectNotFound:
             return None
-        return decode_manifest(blob.data)
+        return manifest_config(blob.data)
 
     async def list_queues(self) -> list[str]:
         prefix = manifests_prefix(self.rt.ns)
@@ -193,12 +194,12 @@ class Admin:
                 loop = " -> ".join([*chain, hop])
                 raise InvalidRequest(f"dead_queue {dead!r} would make a loop: {loop}",
                                      field="dead_queue", loop=[*chain, hop])
-            m = await self._read_manifest(hop)
-            if m is None and hop == dead:
+            found = await self._read_config(hop)
+            if found is None and hop == dead:
                 raise InvalidRequest(f"dead_queue {dead!r} does not exist: create it first",
                                      field="dead_queue")
             chain.append(hop)
-            hop = m.config.dead_queue if m is not None else None
+            hop = found.dead_queue if found is not None else None
 
     @staticmethod
     def _info(m: Manifest) -> QueueInfo:

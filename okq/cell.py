@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from okq.batcher import Batcher
@@ -44,6 +44,7 @@ T = TypeVar("T", bound=Versioned)
 
 class Cell(Generic[T]):
     GIVE_UP_AFTER = 30.0  # seconds of lost races before a batch fails
+    LOAD_ATTEMPTS = 5  # reads of an object whose references vanish before it fails
 
     def __init__(
         self,
@@ -56,6 +57,8 @@ class Cell(Generic[T]):
         on_conflict: Callable[[], None] | None = None,
         *,
         copy: Callable[[T], T] | None = None,
+        load: Callable[[bytes], Awaitable[None]] | None = None,
+        prepare: Callable[[T], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.key = key
@@ -67,6 +70,12 @@ class Cell(Generic[T]):
         # How a write copies the readers' decoded object instead of decoding the
         # bytes again (a copy a change may mutate without the view seeing it).
         self.copy = copy
+        # For an object that references others (a manifest its chunks): ``load``
+        # reads what new bytes reference before they are decoded (ObjectNotFound:
+        # gone, the object moved on: read it again), ``prepare`` writes what a new
+        # version will reference before it is written.
+        self.load = load
+        self.prepare = prepare
         self.etag: str | None = None
         self.data: bytes | None = None
         self.fetched_ms: int | None = None  # None: nothing cached
@@ -80,14 +89,27 @@ class Cell(Generic[T]):
 
     # -- reading -----------------------------------------------------------
     async def refresh(self) -> None:
-        self.reads += 1
-        try:
-            blob = await self.store.get(self.key)
-        except ObjectNotFound:
-            self.etag, self.data = None, None
-        else:
-            if blob.etag != self.etag or self.data is None:  # unchanged: keep the decoded view
-                self.etag, self.data = blob.etag, blob.data
+        for attempt in range(self.LOAD_ATTEMPTS):
+            self.reads += 1
+            try:
+                blob = await self.store.get(self.key)
+            except ObjectNotFound:
+                self.etag, self.data = None, None
+                break
+            if blob.etag == self.etag and self.data is not None:
+                break  # unchanged: keep the decoded view
+            if self.load is not None:
+                try:
+                    await self.load(blob.data)
+                except ObjectNotFound:
+                    # What these bytes reference is collected only once a newer
+                    # version stopped referencing it: read the newer one.
+                    if attempt + 1 == self.LOAD_ATTEMPTS:
+                        raise StorageError(f"{self.key!r} kept referencing objects that "
+                                           f"are gone ({self.LOAD_ATTEMPTS} reads)") from None
+                    continue
+            self.etag, self.data = blob.etag, blob.data
+            break
         self.fetched_ms = self.clock.now_ms()
 
     async def read(self, max_age_ms: int = 0) -> T | None:
@@ -184,6 +206,8 @@ class Cell(Generic[T]):
         """Write ``obj`` conditionally; True when it landed."""
         obj.ver += 1
         obj.nonce = new_nonce()
+        if self.prepare is not None:
+            await self.prepare(obj)
         data = self.encode(obj)
         try:
             if self.etag is None:

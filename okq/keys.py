@@ -7,6 +7,8 @@ key                                             object
 ``{ns}/segments/{queue}/{segment}``             an immutable segment (create-only)
 ``{ns}/leases/{queue}/{segment}``               the segment's lease object: leases and
                                                 completion tombstones of its items (CAS)
+``{ns}/mchunks/{queue}/{chunk}``                a chunk of the manifest's segment list
+                                                (create-only, never modified)
 ``{ns}/movetasks/{queue}/{seq}``                a message move task of the SQS API, by
                                                 its dead-letter queue (create-only, then
                                                 CAS)
@@ -74,6 +76,15 @@ def segments_prefix(ns: str, queue: str | None = None) -> str:
 def leases_prefix(ns: str, queue: str | None = None) -> str:
     """Where the lease objects of a queue live (of every queue, without one)."""
     return f"{ns}/leases/" if queue is None else f"{ns}/leases/{queue}/"
+
+
+def chunks_prefix(ns: str, queue: str | None = None) -> str:
+    """Where the manifest chunks of a queue live (of every queue, without one)."""
+    return f"{ns}/mchunks/" if queue is None else f"{ns}/mchunks/{queue}/"
+
+
+def chunk_key(ns: str, queue: str, chunk: str) -> str:
+    return f"{ns}/mchunks/{queue}/{chunk}"
 
 
 def manifest_key(ns: str, queue: str) -> str:

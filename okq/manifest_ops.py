@@ -60,7 +60,7 @@ def prune_idem(m: Manifest, now_ms: int) -> None:
 
 def _published(m: Manifest, segment_id: str) -> bool:
     """Listed, or listed once and dropped by a purge since."""
-    return segment_id in m.purged or any(s.id == segment_id for s in m.segments)
+    return segment_id in m.purged or m.listed(segment_id)
 
 
 # -- operations -----------------------------------------------------------------------
@@ -164,7 +164,8 @@ class Purge:
                                   f"the next purge may run {self.not_within_ms} ms after it",
                                   queue=m.queue)
         m.purged.update({sm.id: sm.created_ms for sm in m.segments})
-        m.segments, m.purge_rq, m.purged_ms = [], self.rq, now
+        m.clear_segments()
+        m.purge_rq, m.purged_ms = self.rq, now
         forget_purged(m)
         return None
 
@@ -196,7 +197,7 @@ class CompactionCommit:
                 continue  # too late: a collector may already treat it as an orphan
             drop.update(sources)
             published.add(new.id)
-        m.segments = [sm for sm in m.segments if sm.id not in drop]
+        m.drop_segments(drop, now)
         m.segments.extend(new for new, _ in self.merged if new.id in published)
         m.gc_floor_ms = max(m.gc_floor_ms, self.floor_ms)
         forget_purged(m)

@@ -13,6 +13,7 @@ not be told from another writer's.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from okq.errors import FormatError, OkqError
-from okq.keys import check_name
+from okq.keys import check_name, new_segment_id
 from okq.limits import (
     LEASE_TIMEOUT_MAX,
     LEASE_TIMEOUT_MIN,
@@ -108,6 +109,25 @@ class SegmentMeta:
                    raw[5] if len(raw) > 5 else None)
 
 
+#: Segments per manifest chunk (EngineOptions.manifest_chunk): the tail a publish
+#: rewrites holds fewer, and older segments ride in chunks of this many.
+CHUNK_SEGMENTS = 128
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A run of a manifest's segment list kept as an object of its own
+    (``f=mchunk``), immutable once written: a manifest references it by id, so a
+    publish rewrites only the head, whatever the backlog."""
+
+    id: str  # new_segment_id(created_ms): an orphan's age shows in its name
+    segments: list[SegmentMeta]  # never changed: a change makes a new chunk
+    ids: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.ids = frozenset(sm.id for sm in self.segments)
+
+
 @dataclass(slots=True)
 class Manifest:
     queue: str
@@ -126,6 +146,70 @@ class Manifest:
     purge_rq: str = ""
     purged: dict[str, int] = field(default_factory=dict)
     purged_ms: int = 0  # when the last purge landed (0: never), by its writer's clock
+    # The front of ``segments`` kept in chunk objects, in order: segments ==
+    # chunk 1's + chunk 2's + ... + the tail the manifest itself lists. Appending
+    # keeps that true; drop_segments and clear_segments keep it true for the rest.
+    chunks: list[Chunk] = field(default_factory=list)
+
+    def copy(self) -> Manifest:
+        """A copy a change may mutate (segments and chunks are shared, never changed)."""
+        return Manifest(self.queue, self.created_ms, self.config, list(self.segments),
+                        dict(self.idem), self.produced, self.gc_floor_ms, self.ver, self.nonce,
+                        self.purge_rq, dict(self.purged), self.purged_ms, list(self.chunks))
+
+    def chunked(self) -> int:
+        """How many of ``segments`` (from the front) the chunks hold."""
+        return sum(len(c.segments) for c in self.chunks)
+
+    def listed(self, segment_id: str) -> bool:
+        """Whether ``segment_id`` is listed: a set lookup per chunk, a scan of the tail."""
+        return any(segment_id in c.ids for c in self.chunks) or any(
+            sm.id == segment_id for sm in self.segments[self.chunked():])
+
+    def drop_segments(self, ids: set[str] | frozenset[str], now_ms: int) -> None:
+        """Unlist ``ids``: a chunk holding one is replaced by a new chunk of the
+        rest (written with the manifest), or by nothing when none is left."""
+        if not ids:
+            return
+        tail = self.segments[self.chunked():]
+        chunks: list[Chunk] = []
+        for c in self.chunks:
+            if c.ids.isdisjoint(ids):
+                chunks.append(c)
+                continue
+            kept = [sm for sm in c.segments if sm.id not in ids]
+            if kept:
+                chunks.append(Chunk(new_segment_id(now_ms), kept))
+        self.chunks = chunks
+        self.segments = [sm for c in chunks for sm in c.segments]
+        self.segments += [sm for sm in tail if sm.id not in ids]
+
+    def clear_segments(self) -> None:
+        self.segments, self.chunks = [], []
+
+    def pack_chunks(self, per_chunk: int, now_ms: int,
+                    written: Callable[[str], bool]) -> list[Chunk]:
+        """Arrange the chunks before a write, and return those to write first (the
+        ones ``written`` does not know). Full chunks of ``per_chunk`` segments are
+        cut from the tail (0: none are, and a manifest without chunks stays in
+        format 1), and neighbours that fit in one chunk are joined when one of
+        them is to be written anyway (what a compaction left of its chunks)."""
+        n = self.chunked()
+        if per_chunk > 0:
+            while len(self.segments) - n >= per_chunk:
+                self.chunks.append(Chunk(new_segment_id(now_ms), self.segments[n:n + per_chunk]))
+                n += per_chunk
+        limit = per_chunk or CHUNK_SEGMENTS
+        joined: list[Chunk] = []
+        for c in self.chunks:
+            last = joined[-1] if joined else None
+            if last is not None and len(last.segments) + len(c.segments) <= limit and (
+                    not written(last.id) or not written(c.id)):
+                joined[-1] = Chunk(new_segment_id(now_ms), last.segments + c.segments)
+            else:
+                joined.append(c)
+        self.chunks = joined
+        return [c for c in joined if not written(c.id)]
 
 
 @dataclass(slots=True)
@@ -201,22 +285,23 @@ class Segment:
 # -- codec ---------------------------------------------------------------
 
 
-def pack_object(kind: str, body: dict[str, Any]) -> bytes:
+def pack_object(kind: str, body: dict[str, Any], version: int = FORMAT_VERSION) -> bytes:
     """An object of ``kind`` as the store keeps it: ``f``, ``v``, then its fields."""
-    out: bytes = msgpack.packb({"f": kind, "v": FORMAT_VERSION, **body}, use_bin_type=True)
+    out: bytes = msgpack.packb({"f": kind, "v": version, **body}, use_bin_type=True)
     return out
 
 
-def unpack_object(kind: str, data: bytes) -> dict[str, Any]:
+def unpack_object(kind: str, data: bytes,
+                  versions: tuple[int, ...] = (FORMAT_VERSION,)) -> dict[str, Any]:
     """The fields of an object of ``kind``; FormatError (keeping the bytes) for
-    anything else: undecodable, another kind, another format version."""
+    anything else: undecodable, another kind, a format version not in ``versions``."""
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
         raise FormatError(f"undecodable {kind} object: {exc}", data=data) from exc
     if not isinstance(raw, dict) or raw.get("f") != kind:
         raise FormatError(f"expected a {kind} object", data=data)
-    if type(raw.get("v")) is not int or raw.get("v") != FORMAT_VERSION:
+    if type(raw.get("v")) is not int or raw.get("v") not in versions:
         raise FormatError(f"unsupported {kind} format version {raw.get('v')!r}", data=data)
     return raw
 
@@ -230,14 +315,27 @@ def _config_dump(config: QueueConfig) -> dict[str, Any]:
     return dump
 
 
+#: Manifest format versions: 1 lists every segment; 2 (written only when some are
+#: in chunks) lists the tail and references its chunks, and okq before it refuses it.
+MANIFEST_VERSIONS = (1, 2)
+
+
 def encode_manifest(m: Manifest) -> bytes:
+    """The manifest's head: its chunks by reference (each written before it), and
+    the segments after them. Refuses (ValueError) chunks that are not the front of
+    ``m.segments``: a change that broke that would lose segments."""
+    n = m.chunked()
+    if m.chunks and m.segments[:n] != [sm for c in m.chunks for sm in c.segments]:
+        raise ValueError(f"manifest of {m.queue!r}: its chunks are not the front of its "
+                         "segments")
     return pack_object(
         "manifest",
         {
             "queue": m.queue,
             "created": m.created_ms,
             "config": _config_dump(m.config),
-            "segments": [s.pack() for s in m.segments],
+            **({"chunks": [[c.id, len(c.segments)] for c in m.chunks]} if m.chunks else {}),
+            "segments": [s.pack() for s in m.segments[n:]],
             "idem": m.idem,
             "produced": m.produced,
             "gc_floor": m.gc_floor_ms,
@@ -246,18 +344,49 @@ def encode_manifest(m: Manifest) -> bytes:
             **({"purge": [m.purge_rq, m.purged]} if m.purge_rq or m.purged else {}),
             **({"purged_at": m.purged_ms} if m.purged_ms else {}),
         },
+        2 if m.chunks else 1,
     )
 
 
-def decode_manifest(data: bytes) -> Manifest:
-    raw = unpack_object("manifest", data)
+def unpack_manifest(data: bytes) -> dict[str, Any]:
+    """A manifest's fields, undecoded (FormatError as unpack_object)."""
+    return unpack_object("manifest", data, MANIFEST_VERSIONS)
+
+
+def manifest_chunk_ids(raw: dict[str, Any]) -> list[str]:
+    """The chunks an unpacked manifest references (FormatError if malformed)."""
+    try:
+        return [str(ref[0]) for ref in raw.get("chunks") or ()]
+    except (TypeError, IndexError, KeyError) as exc:
+        raise FormatError(f"malformed manifest chunks: {exc}") from exc
+
+
+def decode_manifest(data: bytes, chunks: Mapping[str, Chunk] | None = None) -> Manifest:
+    """The manifest in ``data``, its chunks taken from ``chunks`` (by id): a
+    FormatError if one it references is not there (read them first:
+    okq/manifests.py does)."""
+    return manifest_from(unpack_manifest(data), chunks or {}, data)
+
+
+def manifest_from(raw: dict[str, Any], chunks: Mapping[str, Chunk], data: bytes = b"") -> Manifest:
     try:
         purge_rq, purged = raw.get("purge") or ("", {})
+        refs: list[Chunk] = []
+        for cid, count in raw.get("chunks") or ():
+            c = chunks.get(cid)
+            if c is None:
+                raise FormatError(f"manifest of {raw['queue']!r} references chunk {cid!r}, "
+                                  "which was not read", data=data)
+            if len(c.segments) != count:
+                raise ValueError(f"chunk {cid} holds {len(c.segments)} segments, not {count}")
+            refs.append(c)
+        segments = [sm for c in refs for sm in c.segments]
+        segments += [SegmentMeta.unpack(s) for s in raw["segments"]]
         return Manifest(
             queue=raw["queue"],
             created_ms=raw["created"],
             config=QueueConfig.model_validate(raw["config"]),
-            segments=[SegmentMeta.unpack(s) for s in raw["segments"]],
+            segments=segments,
             idem=raw["idem"],
             produced=raw["produced"],
             gc_floor_ms=raw["gc_floor"],
@@ -266,9 +395,34 @@ def decode_manifest(data: bytes) -> Manifest:
             purge_rq=str(purge_rq),
             purged=dict(purged),
             purged_ms=int(raw.get("purged_at", 0)),
+            chunks=refs,
         )
+    except FormatError:
+        raise
     except (KeyError, TypeError, ValueError, IndexError, OkqError) as exc:
         raise FormatError(f"malformed manifest: {exc}", data=data) from exc
+
+
+def manifest_config(data: bytes) -> QueueConfig:
+    """A manifest's queue config alone (its chunks unread)."""
+    raw = unpack_manifest(data)
+    try:
+        return QueueConfig.model_validate(raw["config"])
+    except (KeyError, ValueError) as exc:
+        raise FormatError(f"malformed manifest: {exc}", data=data) from exc
+
+
+def encode_chunk(queue: str, c: Chunk) -> bytes:
+    return pack_object("mchunk", {"queue": queue, "id": c.id,
+                                  "segments": [sm.pack() for sm in c.segments]})
+
+
+def decode_chunk(data: bytes) -> Chunk:
+    raw = unpack_object("mchunk", data)
+    try:
+        return Chunk(str(raw["id"]), [SegmentMeta.unpack(s) for s in raw["segments"]])
+    except (KeyError, TypeError, IndexError) as exc:
+        raise FormatError(f"malformed manifest chunk: {exc}", data=data) from exc
 
 
 def encode_segment(s: Segment) -> bytes:

@@ -35,11 +35,12 @@ from okq.keys import (
 )
 from okq.leases import LeaseObject, decode_lease, encode_lease
 from okq.limits import check_batch, check_time_ms
+from okq.manifests import ManifestCodec
 from okq.model import (
+    CHUNK_SEGMENTS,
     Manifest,
     Segment,
     SegmentMeta,
-    decode_manifest,
     decode_segment,
     encode_manifest,
 )
@@ -86,6 +87,10 @@ class EngineOptions:
     # sequencer role): others' writes are rare (the compactor, a node that could
     # not reach the holder), so an idle long poll re-reads only this often.
     trusted_max_age: float = 15.0
+    # Segments per manifest chunk: a publish rewrites a head of fewer segments than
+    # this plus a reference per chunk, whatever the backlog. 0 writes no chunks, so
+    # a manifest stays in format 1, readable by okq before chunks (rolling upgrades).
+    manifest_chunk: int = CHUNK_SEGMENTS
 
 
 class QueueRuntime:
@@ -168,9 +173,11 @@ class Runtime:
         if q is not None:
             return q
         check_name(name, field_name)
+        codec = ManifestCodec(self.store, self.ns, name, self.clock, self.opts.manifest_chunk)
         cell: Cell[Manifest] = Cell(
-            self.store, manifest_key(self.ns, name), self.clock, encode_manifest, decode_manifest,
-            on_conflict=self._conflict,
+            self.store, manifest_key(self.ns, name), self.clock, encode_manifest, codec.decode,
+            on_conflict=self._conflict, copy=Manifest.copy, load=codec.load,
+            prepare=codec.prepare,
         )
         o = self.opts
         pub = Publisher(

@@ -18,6 +18,7 @@ from okq.auth import check_new_key
 from okq.engine import EngineOptions
 from okq.keys import check_name
 from okq.limits import MAX_BATCH_MAX, REQUEST_TIMEOUT_MAX
+from okq.model import CHUNK_SEGMENTS
 from okq.store import DEFAULT_S3_CLIENT, DEFAULT_S3_TIMEOUT
 
 log = logging.getLogger("okq.settings")
@@ -68,6 +69,13 @@ class Settings(BaseSettings):
         description="the lease-token layout this node signs; every node reads both. 1 while "
         "a fleet still runs okq older than format 2, which reads only 1 (docs/DESIGN.md, "
         "\"Tokens\")",
+    )
+    manifest_chunk: int = Field(
+        CHUNK_SEGMENTS, ge=0, le=100_000,
+        description="segments per manifest chunk: a publish rewrites a manifest head of fewer "
+        "segments than this plus a reference per chunk, whatever the backlog. 0 cuts no "
+        "chunks, keeping manifests in format 1 while a fleet still runs okq older than "
+        "chunks, which cannot read format 2 (docs/DESIGN.md, \"Manifests\")",
     )
     api_keys: SecretStr | None = Field(
         None,
@@ -314,4 +322,5 @@ class Settings(BaseSettings):
             idle_poll_max=self.idle_poll_max,
             idem_window=self.idem_window,
             max_idem_keys=self.max_idempotency_keys,
+            manifest_chunk=self.manifest_chunk,
         )

@@ -7,6 +7,7 @@ from okq.clock import Clock, ManualClock
 from okq.store import Store
 
 KEY = b"okq-test-signing-key-0123456789ab"
+CHUNK = 3  # segments per manifest chunk in tests' engines
 
 
 def make_engine(
@@ -17,6 +18,9 @@ def make_engine(
     keys: list[bytes] | None = None,
     **options: object,
 ) -> Engine:
+    # Chunks of a few segments: every test that lists more than that reads and writes
+    # manifests in chunks (the default, 128, leaves most tests' manifests whole).
+    options.setdefault("manifest_chunk", CHUNK)
     opts = EngineOptions(linger=options.pop("linger", 0.0), **options)  # type: ignore[arg-type]
     return Engine(
         store,

@@ -25,9 +25,10 @@ from okq import Engine, LeasedItem, ManualClock, NewItem, QueueConfig, SystemClo
 from okq.clock import Clock, OffsetClock
 from okq.errors import PublishAborted
 from okq.headers import with_headers
-from okq.keys import lease_key, manifest_key, segment_key
+from okq.keys import chunk_key, lease_key, segment_key
 from okq.leases import DEAD, DONE, decode_lease
-from okq.model import Manifest, decode_manifest
+from okq.manifests import read_manifest as read_stored_manifest
+from okq.model import Manifest
 from okq.store import CountingStore, FaultyStore, MemoryStore, SimulatedCrash, Store, list_all
 from tests.engines import make_engine
 from tests.stores import StoreFactory
@@ -78,11 +79,12 @@ async def keys_of(store: Store, prefix: str = "") -> list[str]:
 
 
 async def read_manifest(store: Store, queue: str) -> Manifest:
-    return decode_manifest((await store.get(manifest_key(NS, queue))).data)
+    return await read_stored_manifest(store, NS, queue)
 
 
 async def assert_tidy(store: Store) -> None:
-    """The bucket holds manifests and the objects their segments need, nothing else:
+    """The bucket holds manifests, their chunks and the objects their segments need,
+    nothing else:
     no sealed segment in a manifest, no finished segment left unfolded, no
     unreferenced segment or lease object."""
     keys = await keys_of(store)
@@ -91,6 +93,7 @@ async def assert_tidy(store: Store) -> None:
     for mkey in sorted(needed):
         queue = mkey[len(prefix):]
         m = await read_manifest(store, queue)
+        needed.update(chunk_key(NS, queue, c.id) for c in m.chunks)
         for sm in m.segments:
             skey, lkey = segment_key(NS, queue, sm.id), lease_key(NS, queue, sm.id)
             assert skey in keys, f"{queue}: segment {sm.id} is in the manifest but not stored"
@@ -154,14 +157,17 @@ async def test_fold_and_collect_finished_segments(store_factory: StoreFactory, k
     got = await e.lease("q", 50)
     assert len(got) == 50
     await e.complete([g.token for g in got])
-    assert len(await keys_of(store)) == 11  # the manifest, 5 segments, 5 lease objects
+    # The manifest, a chunk of its first 3 segments (tests' engines cut chunks of 3),
+    # 5 segments, 5 lease objects.
+    assert len(await keys_of(store)) == 12
+    assert len(await keys_of(store, f"{NS}/mchunks/q/")) == 1
 
     counting = CountingStore(store)
     c = Compactor(make_engine(counting, clock), clock=clock,
                   options=CompactorOptions(safety_age=0, lease_grace=0, min_age=0))
     r = await c.run_once()
     assert (r.queues, r.segments_folded, r.segments_merged, r.items_moved) == (1, 5, 0, 0)
-    assert r.objects_deleted == 10 and r.bytes_reclaimed > 0
+    assert r.objects_deleted == 11 and r.bytes_reclaimed > 0  # the chunk with them
     assert (await read_manifest(store, "q")).segments == []
     assert await keys_of(store) == [f"{NS}/manifests/q"]
 
@@ -392,7 +398,8 @@ async def test_retention_applies_to_items_carried_by_a_merge(
 
 class CrashAt(FaultyStore):
     """'Dies' at the ``at``-th store call (0-based): before it runs, or right after it
-    landed (``after``)."""
+    landed (``after``). A dead process makes no more calls: those it had begun at
+    once (asyncio.gather) die unrecorded."""
 
     def __init__(self, inner: Store, at: int, *, after: bool) -> None:
         super().__init__(inner)
@@ -400,6 +407,8 @@ class CrashAt(FaultyStore):
 
     async def _call(self, op: str, key: str, write: bool,
                     fn: Callable[[], Awaitable[T]]) -> T:
+        if len(self.calls) > self.at:
+            raise SimulatedCrash(f"dead since call #{self.at}")
         if len(self.calls) != self.at:
             return await super()._call(op, key, write, fn)
         self.calls.append((op, key))

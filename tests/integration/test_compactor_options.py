@@ -16,8 +16,7 @@ import pytest
 
 from compactor import Compactor, CompactorOptions
 from okq import ManualClock
-from okq.keys import manifest_key
-from okq.model import decode_manifest
+from okq.manifests import read_manifest
 from okq.store import CountingStore, Store
 from tests.engines import make_engine
 from tests.stores import StoreFactory
@@ -58,7 +57,7 @@ async def test_no_options_raise_the_floor_into_the_future(
     c = Compactor(make_engine(store, clock), clock=clock, options=opts)
     await c.run_once()
 
-    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    m = await read_manifest(store, "default", "q")
     assert 0 < m.gc_floor_ms <= clock.now_ms()
     await e.produce("q", [b"after"])  # not behind the floor
     clock.advance(1)

@@ -101,11 +101,12 @@ from okq import (
     publisher,
 )
 from okq import clock as okq_clock
-from okq.clock import Clock, OffsetClock
+from okq.clock import Clock, OffsetClock, SystemClock
 from okq.errors import LeaseLost, ObjectNotFound
 from okq.keys import lease_key, manifest_key, segment_created_ms
 from okq.leases import DEAD, DEAD_PENDING, ItemState, decode_lease, encode_lease
-from okq.model import decode_manifest, encode_manifest, new_nonce
+from okq.manifests import ManifestCodec, read_manifest
+from okq.model import encode_manifest, new_nonce
 from okq.store import FaultyStore, FileStore, MemoryStore, Store
 
 T = TypeVar("T")
@@ -763,7 +764,9 @@ class EngineMachine(RuleBasedStateMachine):
         change, say) writes the object again: the same content, a new version."""
         blob = await self.store.get(key)
         if "/manifests/" in key:
-            m = decode_manifest(blob.data)
+            codec = ManifestCodec(self.store, NS, QUEUE, SystemClock(), 0)
+            await codec.load(blob.data)
+            m = codec.decode(blob.data)
             m.ver, m.nonce = m.ver + 1, new_nonce()
             data = encode_manifest(m)
         else:
@@ -811,7 +814,7 @@ class EngineMachine(RuleBasedStateMachine):
     @guarded
     def check_published_once(self) -> None:
         """The manifest lists every published segment once and counts each item once."""
-        m = decode_manifest(self.run(self.store.get(manifest_key(NS, QUEUE))).data)
+        m = self.run(read_manifest(self.store, NS, QUEUE))
         listed = [sm.id for sm in m.segments]
         twice = sorted(s for s, c in Counter(listed).items() if c > 1)
         assert not twice, f"the manifest lists segments {twice} more than once: {listed}"

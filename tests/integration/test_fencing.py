@@ -13,9 +13,10 @@ import pytest
 from okq import Engine, ManualClock, QueueConfig
 from okq.clock import OffsetClock, SystemClock
 from okq.errors import LeaseLost, PublishAborted
-from okq.keys import lease_key, manifest_key, new_segment_id, segment_key
+from okq.keys import lease_key, new_segment_id, segment_key
 from okq.leases import LEASED, decode_lease
-from okq.model import Segment, SegmentItem, decode_manifest, encode_segment
+from okq.manifests import read_manifest
+from okq.model import Segment, SegmentItem, encode_segment
 from okq.store import FaultyStore, SimulatedCrash, Store, list_all
 from tests.engines import make_engine
 from tests.stores import ATOMIC_STORES, S3_STORES
@@ -125,7 +126,7 @@ async def test_ambiguous_writes_are_resolved_by_rereading(store: Store, target: 
     await e.complete([got[0].token])
     await e.retry(got[1].token)
     assert [m for _, _, m in faulty.injected].count("ambiguous") >= 1
-    manifest = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    manifest = await read_manifest(store, "default", "q")
     assert len(manifest.segments) == 1 and manifest.produced == 2  # published once
     assert sorted(i.id for i in got) == sorted(ids)
     other = make_engine(store, clock)

@@ -22,7 +22,7 @@ from okq.clock import OffsetClock
 from okq.errors import LeaseLost, Overloaded, QueueNotFound
 from okq.keys import lease_key, manifest_key
 from okq.leases import DEAD, decode_lease
-from okq.model import decode_manifest
+from okq.manifests import read_manifest
 from okq.store import CountingStore, FaultyStore, SimulatedCrash, Store, list_all
 from tests.engines import make_engine
 
@@ -61,7 +61,7 @@ async def test_overwritten_ambiguous_publish_is_published_once(store: Store) -> 
     overtake(flaky, manifest_key("default", "q"), lambda: b.produce("q", [b"from-b"]))
     ids = await a.produce("q", [b"a1", b"a2", b"a3", b"a4"])
     assert fired(flaky) == 1 and len(ids) == 4
-    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    m = await read_manifest(store, "default", "q")
     assert len({s.id for s in m.segments}) == len(m.segments) == 3
     assert m.produced == 6
     got = await drain(make_engine(store, clock), "q")
@@ -292,7 +292,7 @@ async def test_the_idempotency_map_is_bounded(store: Store) -> None:
     await e.produce("q", [b"unkeyed is fine"])
     clock.advance(e.opts.idem_window + 2 * e.opts.max_clock_skew + 1)
     await e.produce("q", [NewItem(b"x", key="one-more")])  # the old keys expired
-    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    m = await read_manifest(store, "default", "q")
     assert len(m.idem) <= 50
 
 
@@ -479,13 +479,13 @@ async def test_a_purge_forgets_what_it_dropped_once_the_floor_passes_it(store: S
     await e.create_queue("q")
     await e.produce("q", [b"a"])
     await e.purge("q")
-    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    m = await read_manifest(store, "default", "q")
     assert len(m.purged) == 1
     clock.advance(3601)
     compactor = Compactor(make_engine(store, clock), clock=clock,
                           options=CompactorOptions(safety_age=3600, lease_grace=60))
     await compactor.compact_queue("q")
-    m = decode_manifest((await store.get(manifest_key("default", "q"))).data)
+    m = await read_manifest(store, "default", "q")
     assert m.purged == {} and m.gc_floor_ms > 0
 
 
