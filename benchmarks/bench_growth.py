@@ -6,12 +6,15 @@ seaweedfs``), driven by okq's client (msgpack). Messages are 1 KiB.
 
 backlog   For each backlog size: fill the queue in batches of 1,000 (4 producers
           at once, ``--fill-workers``; 1 makes a segment of 1,000 items per batch;
-          the fill rate), then ``--samples`` single-item cycles: lease 1 (no
+          the fill rate), then ``--produce`` messages in batches of 10 from 4
+          producers at once (the produce rate on that backlog, and the node's CPU
+          per message; 0 skips it), then ``--samples`` single-item cycles: lease 1 (no
           wait), complete it (after 20 not counted). Per cycle: latency of the
           lease and of lease+complete (p50/p99), object-store requests (deltas of
           the node's ``okq_store_requests``), node CPU. Then the manifest's size
-          (read from the store), node RSS (VmRSS now, VmHWM the peak, from /proc),
-          and ``queue.stats`` latency (the first call, the median of the next 5;
+          (its head: what every publish writes) and chunks (read from the store),
+          node RSS (VmRSS now, VmHWM the peak, from /proc), and ``queue.stats``
+          latency (the first call, the median of the next 5;
           its counts are checked against what was produced and completed).
 inflight  For each N: N single-item produces (one segment each), all N leased
           and held (lease timeout 12 h), then a backlog of 1,000 behind them; the
@@ -25,11 +28,12 @@ idle      An empty queue, 4 consumers long-polling (20 s polls) for
 during each backlog's cycles, to DIR/growth-{backlog}.txt.
 
     python benchmarks/bench_growth.py [--store file|seaweedfs]
-        [--backlogs 1000,100000,1000000] [--inflight 1,10,100] [--samples 300]
+        [--backlogs 1000,100000,1000000] [--produce 20000] [--inflight 1,10,100]
+        [--samples 300]
         [--idle-seconds 30] [--profile DIR] [--quick]
 
-``--quick`` (backlogs 1,000 and 10,000, 1 and 10 segments in flight, 50
-samples, 5 s idle) is a smoke run of under half a minute. The full run takes
+``--quick`` (backlogs 1,000 and 10,000, 2,000 produced, 1 and 10 segments in
+flight, 50 samples, 5 s idle) is a smoke run of under half a minute. The full run takes
 about two minutes on either store. An empty list skips a phase
 (``--inflight ''``), as ``--idle-seconds 0`` skips the idle one. Figures taken
 on a shared machine are indicative.
@@ -60,13 +64,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from okq.client import Client
 from okq.dev.servers import DUMMY_CREDENTIALS, SeaweedServer
 from okq.keys import manifest_key
-from okq.model import decode_manifest
+from okq.manifests import read_manifest
 from okq.store import open_store
 from tests.nodes import Node, okq_node
 
 PAYLOAD = b"x" * 1024
 FILL_BATCH = 1000
 FILL_WORKERS = 4
+PRODUCE_BATCH = 10
+PRODUCERS = 4
 WARMUP = 20
 STATS_REPEAT = 5
 IDLE_CONSUMERS = 4
@@ -81,9 +87,10 @@ PRICE = {"put": 0.005e-3, "list": 0.005e-3, "get": 0.0004e-3, "head": 0.0004e-3,
 MONTH = 30 * 86_400
 MIB = 1 << 20
 
-FULL = {"backlogs": "1000,100000,1000000", "inflight": "1,10,100", "samples": 300,
-        "idle_seconds": 30.0}
-QUICK = {"backlogs": "1000,10000", "inflight": "1,10", "samples": 50, "idle_seconds": 5.0}
+FULL = {"backlogs": "1000,100000,1000000", "produce": 20_000, "inflight": "1,10,100",
+        "samples": 300, "idle_seconds": 30.0}
+QUICK = {"backlogs": "1000,10000", "produce": 2_000, "inflight": "1,10", "samples": 50,
+         "idle_seconds": 5.0}
 
 Counts = dict[str, float]
 
@@ -128,14 +135,15 @@ class Target:
                       env=dict(DUMMY_CREDENTIALS)) as node:
             yield node, store
 
-    async def manifest(self, store_url: str) -> tuple[int, int]:
-        """The queue's manifest: its size in bytes and its segment count."""
+    async def manifest(self, store_url: str) -> tuple[int, int, int]:
+        """The queue's manifest: its head's size in bytes, its segments and chunks."""
         store = open_store(store_url, endpoint_url=self.endpoint)
         try:
             blob = await store.get(manifest_key(NS, QUEUE))
+            m = await read_manifest(store, NS, QUEUE)
         finally:
             await store.close()
-        return len(blob.data), len(decode_manifest(blob.data).segments)
+        return len(blob.data), len(m.segments), len(m.chunks)
 
 
 # -- reading the node --------------------------------------------------------------------
@@ -215,8 +223,11 @@ class Cycles:
 class Row:
     label: int
     segments: int = 0
+    chunks: int = 0
     manifest_bytes: int = 0
     fill_rate: float = 0.0
+    produce_rate: float = 0.0  # batches of PRODUCE_BATCH on the backlog
+    produce_cpu_us: float = 0.0  # node CPU per message of those
     cycles: Cycles = field(default_factory=Cycles)
     rss_mib: float = 0.0
     peak_mib: float = 0.0
@@ -237,6 +248,22 @@ async def fill(client: Client, total: int, workers: int = FILL_WORKERS) -> float
 
     await asyncio.gather(*(producer() for _ in range(workers)))
     return total / (time.perf_counter() - began)
+
+
+async def produce_small(client: Client, node: Node, total: int, row: Row) -> None:
+    """``total`` messages in batches of 10 from 4 producers at once: msg/s, and the
+    node's CPU per message."""
+    batches = [min(PRODUCE_BATCH, total - n) for n in range(0, total, PRODUCE_BATCH)]
+    cpu = cpu_seconds(node.proc.pid)
+    began = time.perf_counter()
+
+    async def producer() -> None:
+        while batches:
+            await client.produce(QUEUE, [PAYLOAD] * batches.pop())
+
+    await asyncio.gather(*(producer() for _ in range(PRODUCERS)))
+    row.produce_rate = total / (time.perf_counter() - began)
+    row.produce_cpu_us = (cpu_seconds(node.proc.pid) - cpu) * 1e6 / total
 
 
 async def one_cycle(client: Client, into: Cycles | None) -> None:
@@ -289,13 +316,16 @@ async def backlog_row(target: Target, backlog: int, args: argparse.Namespace) ->
         async with Client(node.url) as client, aiohttp.ClientSession() as http:
             await client.create_queue(QUEUE)
             row.fill_rate = await fill(client, backlog, args.fill_workers)
+            if args.produce:
+                step(f"  {args.produce:,} in batches of {PRODUCE_BATCH}")
+                await produce_small(client, node, args.produce, row)
             profile = args.profile / f"growth-{backlog}.txt" if args.profile else None
             samples = min(args.samples, backlog - WARMUP)  # a small backlog runs out
             row.cycles = await cycles(client, http, node, samples, profile)
-            row.manifest_bytes, row.segments = await target.manifest(store)
+            row.manifest_bytes, row.segments, row.chunks = await target.manifest(store)
             memory(node, row)
             done = WARMUP + samples
-            await timed_stats(client, row, backlog - done, done)
+            await timed_stats(client, row, backlog + args.produce - done, done)
     return row
 
 
@@ -313,7 +343,7 @@ async def inflight_row(target: Target, held: int, args: argparse.Namespace) -> R
             behind = max(FILL_BATCH, WARMUP + args.samples)
             row.fill_rate = await fill(client, behind)
             row.cycles = await cycles(client, http, node, args.samples)
-            row.manifest_bytes, row.segments = await target.manifest(store)
+            row.manifest_bytes, row.segments, row.chunks = await target.manifest(store)
             memory(node, row)
     return row
 
@@ -365,15 +395,18 @@ def latency(c: Cycles) -> str:
 def print_backlog(rows: list[Row], args: argparse.Namespace) -> None:
     print(f"\n**Backlog growth** ({args.samples} single-item cycles after {WARMUP} not "
           f"counted; latency in ms, lease alone in brackets)\n")
-    print("| backlog | fill msg/s | segments | manifest bytes | lease+complete p50 / p99 "
-          "(lease) | GET / PUT / LIST per cycle | node CPU ms per cycle | node RSS / peak MiB "
-          "| `queue.stats` first / median ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| backlog | fill msg/s | produce msg/s, batches of {PRODUCE_BATCH}, {PRODUCERS} "
+          "producers (node CPU µs/msg) | segments (chunks) | manifest head bytes | "
+          "lease+complete p50 / p99 (lease) | GET / PUT / LIST per cycle | node CPU ms per "
+          "cycle | node RSS / peak MiB | `queue.stats` first / median ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         c = r.cycles
         check = "" if r.stats_ok == "ok" else f" {r.stats_ok}"
         fewer = "" if len(c.cycle) == args.samples else f" ({len(c.cycle)} cycles)"
-        print(f"| {r.label:,}{fewer} | {r.fill_rate:,.0f} | {r.segments} | {r.manifest_bytes:,} | "
+        made = f"{r.produce_rate:,.0f} ({r.produce_cpu_us:.0f})" if r.produce_rate else "-"
+        print(f"| {r.label:,}{fewer} | {r.fill_rate:,.0f} | {made} | {r.segments} ({r.chunks}) | "
+              f"{r.manifest_bytes:,} | "
               f"{latency(c)} | {three(c.requests)} | {c.cpu_ms:.2f} | "
               f"{r.rss_mib:.0f} / {r.peak_mib:.0f} | "
               f"{r.stats_first_ms:.1f} / {r.stats_median_ms:.1f}{check} |")
@@ -413,6 +446,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--backlogs")
     parser.add_argument("--inflight")
     parser.add_argument("--samples", type=int)
+    parser.add_argument("--produce", type=int,
+                        help=f"messages produced in batches of {PRODUCE_BATCH} on each backlog")
     parser.add_argument("--fill-workers", type=int, default=FILL_WORKERS,
                         help="concurrent producers filling a backlog (1: a segment per batch)")
     parser.add_argument("--idle-seconds", type=float)

@@ -8,6 +8,7 @@ it applies, and what a lease object says about its segment, are in okq/leases.py
 from __future__ import annotations
 
 import asyncio
+import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -326,15 +327,47 @@ def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg
 _SCAN_ORDER: dict[tuple[str, int, str], list[SegmentMeta]] = {}
 
 
+@dataclass(slots=True)
+class _Sorted:
+    """A segment list, and the same segments by ready time (with their times)."""
+
+    listed: list[SegmentMeta]
+    order: list[SegmentMeta]
+    keys: list[int]
+
+
+_LAST_SORTED: dict[str, _Sorted] = {}  # by queue: the last list sorted
+
+
 def _scan_order(m: Manifest) -> list[SegmentMeta]:
     """Segments by the earliest ready time of their items (publish order, unless
-    a compactor merge carried older items into a newer segment)."""
+    a compactor merge carried older items into a newer segment).
+
+    A publish only appends: when the last list sorted for the queue is the front
+    of this one (compared in C), the new segments are inserted into its order
+    rather than the whole backlog sorted again. Ties keep list order either way.
+    """
     key = (m.queue, m.ver, m.nonce)
     order = _SCAN_ORDER.get(key)
-    if order is None:
-        if len(_SCAN_ORDER) > 256:
-            _SCAN_ORDER.clear()
-        order = _SCAN_ORDER[key] = sorted(m.segments, key=lambda sm: sm.first_ready_ms)
+    if order is not None:
+        return order
+    if len(_SCAN_ORDER) > 256:
+        _SCAN_ORDER.clear()
+    if len(_LAST_SORTED) > 256:
+        _LAST_SORTED.clear()
+    last = _LAST_SORTED.get(m.queue)
+    n = len(last.listed) if last is not None else 0
+    if last is not None and len(m.segments) >= n and m.segments[:n] == last.listed:
+        order, keys = list(last.order), list(last.keys)
+        for sm in m.segments[n:]:
+            at = bisect.bisect_right(keys, sm.first_ready_ms)
+            keys.insert(at, sm.first_ready_ms)
+            order.insert(at, sm)
+    else:
+        order = sorted(m.segments, key=lambda sm: sm.first_ready_ms)
+        keys = [sm.first_ready_ms for sm in order]
+    _LAST_SORTED[m.queue] = _Sorted(list(m.segments), order, keys)
+    _SCAN_ORDER[key] = order
     return order
 
 

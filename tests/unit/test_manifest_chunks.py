@@ -19,6 +19,7 @@ from okq.model import (
     SegmentMeta,
     decode_manifest,
     encode_manifest,
+    new_nonce,
 )
 
 
@@ -182,3 +183,30 @@ def test_chunks_always_stand_for_the_list_the_changes_made(ops: list[tuple[str, 
         assert m.segments[:m.chunked()] == [s for c in m.chunks for s in c.segments]
         for n in range(made):
             assert m.listed(seg(n).id) == (seg(n) in model)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 6), st.lists(st.integers(0, 80), max_size=4),
+                                st.booleans()), max_size=25))
+def test_the_lease_walks_order_is_the_sorted_list_after_any_change(
+        steps: list[tuple[int, list[int], bool]]) -> None:
+    """The scan order kept across manifest versions (new segments inserted into the
+    last order when only appended) is always the list sorted by ready time, ties in
+    list order, as sorting it whole would give."""
+    from okq import scheduler
+
+    m, made = manifest(), 0
+    for appended, dropped, merged in steps:
+        for _ in range(appended):
+            sm = seg(made)
+            if merged and made % 3 == 0:  # a merged segment carrying older items
+                sm = SegmentMeta(sm.id, 1, made, 10, max(0, made - 7), 0)
+            m = m.copy()
+            m.segments.append(sm)
+            made += 1
+        if dropped:
+            m = m.copy()
+            m.drop_segments({seg(n).id for n in dropped}, made)
+        m.ver, m.nonce = m.ver + 1, new_nonce()  # a new version, as a write makes
+        order = scheduler._scan_order(m)
+        assert order == sorted(m.segments, key=lambda s: s.first_ready_ms)
