@@ -316,6 +316,7 @@ async def backlog_row(target: Target, backlog: int, args: argparse.Namespace) ->
         async with Client(node.url) as client, aiohttp.ClientSession() as http:
             await client.create_queue(QUEUE)
             row.fill_rate = await fill(client, backlog, args.fill_workers)
+            os.sync()  # the fill's data on disk first: the next phases do not pay its writeback
             if args.produce:
                 step(f"  {args.produce:,} in batches of {PRODUCE_BATCH}")
                 await produce_small(client, node, args.produce, row)

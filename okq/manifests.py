@@ -36,6 +36,8 @@ from okq.store.base import Store
 #: How long a chunk stays in memory after the last head that referenced it was
 #: read or written (seconds): a write or a read racing the change still finds it.
 KEEP_UNREFERENCED = 120.0
+#: Chunks a cold reader GETs at once (a 10M backlog in segments of 1,000 is 82).
+READ_AT_ONCE = 32
 
 
 class ManifestCodec:
@@ -50,6 +52,7 @@ class ManifestCodec:
         self.chunks: dict[str, Chunk] = {}  # every chunk known to be stored
         self._seen: dict[str, float] = {}  # chunk id -> when a head last referenced it
         self._pruned = time.monotonic()
+        self._latest: list[Chunk] | list[str] = []  # the chunks of the last head read or written
         self._raw: tuple[bytes, dict[str, object]] | None = None  # the last head unpacked
 
     # -- reading -----------------------------------------------------------------
@@ -60,14 +63,16 @@ class ManifestCodec:
         self._raw = (data, raw)
         ids = manifest_chunk_ids(raw)
         missing = [cid for cid in ids if cid not in self.chunks]
-        if missing:
+        for at in range(0, len(missing), READ_AT_ONCE):
+            some = missing[at:at + READ_AT_ONCE]
             blobs = await asyncio.gather(
-                *(self.store.get(chunk_key(self.ns, self.queue, cid)) for cid in missing))
-            for cid, blob in zip(missing, blobs, strict=True):
+                *(self.store.get(chunk_key(self.ns, self.queue, cid)) for cid in some))
+            for cid, blob in zip(some, blobs, strict=True):
                 c = decode_chunk(blob.data)
                 if c.id != cid:
                     raise FormatError(f"chunk object {cid} holds chunk {c.id}", data=blob.data)
                 self.chunks[cid] = c
+                self._seen[cid] = time.monotonic()
         self._referenced(ids)
 
     def decode(self, data: bytes) -> Manifest:
@@ -83,7 +88,8 @@ class ManifestCodec:
         new = m.pack_chunks(self.per_chunk, self.clock.now_ms(), self.chunks.__contains__)
         if new:
             await asyncio.gather(*(self._write(c) for c in new))
-        self._referenced([c.id for c in m.chunks])
+        self._latest = m.chunks  # kept in memory while it is the last head written
+        self._prune()
 
     async def _write(self, c: Chunk) -> None:
         try:
@@ -92,20 +98,28 @@ class ManifestCodec:
         except CASConflict:
             pass  # an ambiguous write of ours landed
         self.chunks[c.id] = c
+        self._seen[c.id] = time.monotonic()
 
     # -- memory ------------------------------------------------------------------
     def _referenced(self, ids: list[str]) -> None:
-        """Note that a head references ``ids``; now and then forget chunks no head
-        has referenced for KEEP_UNREFERENCED seconds."""
+        """Note that a head read references ``ids`` (it may be decoded later)."""
         now = time.monotonic()
         for cid in ids:
             self._seen[cid] = now
+        self._latest = ids
+        self._prune()
+
+    def _prune(self) -> None:
+        """Now and then, forget the chunks that neither the last head read or written
+        references nor any head read in the last KEEP_UNREFERENCED seconds."""
+        now = time.monotonic()
         if now - self._pruned < KEEP_UNREFERENCED / 4:
             return
         self._pruned = now
         for cid in [cid for cid, at in self._seen.items() if now - at > KEEP_UNREFERENCED]:
             del self._seen[cid]
-        for cid in [cid for cid in self.chunks if cid not in self._seen]:
+        keep = {c if isinstance(c, str) else c.id for c in self._latest}
+        for cid in [cid for cid in self.chunks if cid not in self._seen and cid not in keep]:
             del self.chunks[cid]
 
 

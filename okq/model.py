@@ -150,16 +150,27 @@ class Manifest:
     # chunk 1's + chunk 2's + ... + the tail the manifest itself lists. Appending
     # keeps that true; drop_segments and clear_segments keep it true for the rest.
     chunks: list[Chunk] = field(default_factory=list)
+    # How many segments the chunks hold (computed when made, kept by the methods
+    # below, which are the only ones to change the chunks).
+    n_chunked: int = field(default=-1, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.n_chunked < 0:
+            self.n_chunked = sum(len(c.segments) for c in self.chunks)
 
     def copy(self) -> Manifest:
         """A copy a change may mutate (segments and chunks are shared, never changed)."""
         return Manifest(self.queue, self.created_ms, self.config, list(self.segments),
                         dict(self.idem), self.produced, self.gc_floor_ms, self.ver, self.nonce,
-                        self.purge_rq, dict(self.purged), self.purged_ms, list(self.chunks))
+                        self.purge_rq, dict(self.purged), self.purged_ms, list(self.chunks),
+                        self.n_chunked)
 
     def chunked(self) -> int:
         """How many of ``segments`` (from the front) the chunks hold."""
-        return sum(len(c.segments) for c in self.chunks)
+        return self.n_chunked
+
+    def _set_chunks(self, chunks: list[Chunk]) -> None:
+        self.chunks, self.n_chunked = chunks, sum(len(c.segments) for c in chunks)
 
     def listed(self, segment_id: str) -> bool:
         """Whether ``segment_id`` is listed: a set lookup per chunk, a scan of the tail."""
@@ -180,12 +191,13 @@ class Manifest:
             kept = [sm for sm in c.segments if sm.id not in ids]
             if kept:
                 chunks.append(Chunk(new_segment_id(now_ms), kept))
-        self.chunks = chunks
+        self._set_chunks(chunks)
         self.segments = [sm for c in chunks for sm in c.segments]
         self.segments += [sm for sm in tail if sm.id not in ids]
 
     def clear_segments(self) -> None:
-        self.segments, self.chunks = [], []
+        self.segments = []
+        self._set_chunks([])
 
     def pack_chunks(self, per_chunk: int, now_ms: int,
                     written: Callable[[str], bool]) -> list[Chunk]:
@@ -194,11 +206,16 @@ class Manifest:
         cut from the tail (0: none are, and a manifest without chunks stays in
         format 1), and neighbours that fit in one chunk are joined when one of
         them is to be written anyway (what a compaction left of its chunks)."""
-        n = self.chunked()
+        n = self.n_chunked
         if per_chunk > 0:
             while len(self.segments) - n >= per_chunk:
                 self.chunks.append(Chunk(new_segment_id(now_ms), self.segments[n:n + per_chunk]))
                 n += per_chunk
+            self.n_chunked = n
+        new = [c for c in self.chunks if not written(c.id)]
+        if not new or (len(new) == 1 and new[0] is self.chunks[-1] and
+                       len(self.chunks[-1].segments) == per_chunk):
+            return new  # a chunk cut off the tail, or none: nothing to join
         limit = per_chunk or CHUNK_SEGMENTS
         joined: list[Chunk] = []
         for c in self.chunks:
@@ -208,7 +225,7 @@ class Manifest:
                 joined[-1] = Chunk(new_segment_id(now_ms), last.segments + c.segments)
             else:
                 joined.append(c)
-        self.chunks = joined
+        self._set_chunks(joined)
         return [c for c in joined if not written(c.id)]
 
 
@@ -324,13 +341,13 @@ def encode_manifest(m: Manifest) -> bytes:
     """The manifest's head: its chunks by reference (each written before it), and
     the segments after them. Refuses (ValueError) chunks that are not the front of
     ``m.segments``: a change that broke that would lose segments."""
-    n = 0
-    for c in m.chunks:  # slices compared in C: a publish does no per-segment Python work
-        k = len(c.segments)
-        if m.segments[n:n + k] != c.segments:
-            raise ValueError(f"manifest of {m.queue!r}: its chunks are not the front of its "
-                             "segments")
-        n += k
+    n = m.n_chunked
+    # The chunks' first and last segments where the list has them, in O(1): unlisting
+    # a segment without drop_segments moves the last one.
+    if m.chunks and (n > len(m.segments) or m.segments[0] is not m.chunks[0].segments[0]
+                     or m.segments[n - 1] is not m.chunks[-1].segments[-1]):
+        raise ValueError(f"manifest of {m.queue!r}: its chunks are not the front of its "
+                         "segments")
     return pack_object(
         "manifest",
         {
