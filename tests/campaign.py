@@ -165,7 +165,7 @@ class Profile:
     scenarios: tuple[str, ...] = ("store", "kill", "stop", "s3-restart", "clock@direct")
 
 
-SHORT = Profile("short", seconds=9, drain=60, stop_rounds=2,
+SHORT = Profile("short", seconds=7, drain=60, stop_rounds=2,
                 store=StoreFaults(timeout=0.05, timeout_landed=0.05, timeouts_max=2))
 LONG = Profile("long", seconds=100, drain=180, stop_rounds=5, s3_restarts=3, hang_seconds=60,
                cutoff_seconds=2 * ROLE_TTL + 10, store=StoreFaults(timeouts_max=12),
