@@ -106,6 +106,7 @@ class QueueRuntime:
         self.leases: dict[str, Cell[LeaseObject]] = {}
         self.summaries: dict[str, tuple[bytes | None, Any]] = {}
         self.seen_ver = -1
+        self.seen_segments: list[SegmentMeta] = []  # the list of that version
         self.waiters = 0  # long polls of this process waiting for the queue's items
         # The long polls' pause between looks at the store (it grows while the
         # manifest stays as it was: see Scheduler.lease), and the manifest's ETag

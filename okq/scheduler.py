@@ -198,11 +198,14 @@ class Scheduler:
         """
         now = self.rt.clock.now_ms()
         if q.seen_ver != m.ver:  # forget state of segments the manifest dropped
-            live = {sm.id for sm in m.segments}
-            for sid in [sid for sid in q.leases if sid not in live]:
-                q.leases.pop(sid)
-                q.summaries.pop(sid, None)
-            q.seen_ver = m.ver
+            seen = q.seen_segments
+            if q.seen_ver < 0 or not (len(m.segments) >= len(seen)
+                                      and m.segments[:len(seen)] == seen):
+                live = {sm.id for sm in m.segments}  # not only appended to (a compaction)
+                for sid in [sid for sid in q.leases if sid not in live]:
+                    q.leases.pop(sid)
+                    q.summaries.pop(sid, None)
+            q.seen_ver, q.seen_segments = m.ver, list(m.segments)
         backoff = int(self.rt.opts.contention_backoff * 1000)
         horizon = now + int(2000 * self.rt.opts.max_clock_skew)  # fresh items from clocks ahead
         cands: list[tuple[int, str, int, int, SegmentMeta]] = []
