@@ -165,6 +165,7 @@ class Profile:
     scenarios: tuple[str, ...] = ("store", "kill", "stop", "s3-restart", "clock@direct")
 
 
+CAMPAIGN_CHUNK = 4  # segments per manifest chunk in the campaign's fleet
 SHORT = Profile("short", seconds=7, drain=60, stop_rounds=2,
                 store=StoreFaults(timeout=0.05, timeout_landed=0.05, timeouts_max=2))
 LONG = Profile("long", seconds=100, drain=180, stop_rounds=5, s3_restarts=3, hang_seconds=60,
@@ -652,7 +653,11 @@ class Campaign:
         self.fleet = LocalFleet(
             workdir / ("fleet" if sequencer else "fleet-direct"), 3, sequencer=sequencer,
             role_ttl=ROLE_TTL,
-            compactor_args=["--interval", "2", "--safety-age", "200", "--gc-every", "5"],
+            # Manifest chunks of a few segments (the default is 128), so that the faults
+            # land on heads and chunks cut, rewritten by compaction and read cold.
+            node_args=["--manifest-chunk", str(CAMPAIGN_CHUNK)],
+            compactor_args=["--interval", "2", "--safety-age", "200", "--gc-every", "5",
+                            "--manifest-chunk", str(CAMPAIGN_CHUNK)],
             stop_timeout=10, s3_via=self._proxy_for, node_s3=self._node_s3,
             advertise=self.tap.url_for if self.tap else None)
         #: A second load balancer over the same nodes, with active health checks.
