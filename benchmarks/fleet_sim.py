@@ -19,7 +19,7 @@ side by side with the measurements in fleetsim/measured.json.
 
     python benchmarks/fleet_sim.py [--store s3,s3express,gcs,minio]
         [--nodes 1,2,4,8,16,32,64] [--partitions 1,N] [--prefixes 1|P]
-        [--clients 32] [--seconds 1.5] [--seed 1] [--calibrate FILE]
+        [--clients 16] [--batch 100] [--seconds 1.5] [--seed 1] [--calibrate FILE]
     python benchmarks/fleet_sim.py --validate [--measured FILE] [--messages 20000]
 """
 
@@ -66,12 +66,13 @@ def predictions(args: argparse.Namespace, cal: Calibration) -> None:
                 prefixes = parts if args.prefixes.upper() == "P" else int(args.prefixes)
                 setup = Setup(store=name, nodes=nodes, partitions=parts, shards=parts,
                               prefixes=prefixes, producers=args.clients * parts,
-                              consumers=args.clients * parts, seed=args.seed)
+                              consumers=args.clients * parts, batch=args.batch,
+                              seed=args.seed)
                 rows.append(predict(setup, cal, args.seconds))
                 print(f"  {name}: {nodes} nodes, {parts} partitions: done", file=sys.stderr,
                       flush=True)
         print(f"\n## {profile.title} (`{name}`): one core per node, {args.clients} producers "
-              f"and {args.clients} consumers per partition, batches of 100, 1 KiB; "
+              f"and {args.clients} consumers per partition, batches of {args.batch}, 1 KiB; "
               f"{'each partition its own prefix' if args.prefixes.upper() == 'P' else 'one prefix'}"
               f"; figures: {profile.source}\n")
         print("\n".join(prediction_table(rows)))
@@ -103,7 +104,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--prefixes", default="1",
                         help="S3 prefixes the partitions spread over: a number, or P "
                         "(one each; S3 splits a hot prefix only after a while)")
-    parser.add_argument("--clients", type=int, default=32,
+    parser.add_argument("--batch", type=int, default=100, help="produce and lease batch")
+    parser.add_argument("--clients", type=int, default=16,
                         help="producers and consumers per partition (predictions)")
     parser.add_argument("--seconds", type=float, default=1.5,
                         help="simulated seconds of each prediction phase")

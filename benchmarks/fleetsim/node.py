@@ -130,19 +130,20 @@ class Node:
     # -- what a client's call costs where it lands --------------------------------------
 
     def produce(self, part: Partition, n: int, began: float) -> Proc[None]:
-        yield from self._route(part, n, 0, lambda h: h._produce_here(part, n, began))
+        yield from self._route(part, n, False, lambda h: h._produce_here(part, n, began))
 
     def lease(self, part: Partition, n: int, wait: float) -> Proc[Leased]:
-        got: Leased = yield from self._route(part, 0, n, lambda h: h._lease_here(part, n, wait))
+        got: Leased = yield from self._route(part, 0, True, lambda h: h._lease_here(part, n, wait))
         return got
 
     def complete(self, part: Partition, leased: Leased) -> Proc[None]:
-        yield from self._route(part, 0, 0, lambda h: h._complete_here(part, leased))
+        yield from self._route(part, 0, False, lambda h: h._complete_here(part, leased))
 
-    def _route(self, part: Partition, items_in: int, items_out: int,
+    def _route(self, part: Partition, items_in: int, payloads_out: bool,
                work: Callable[[Node], Proc[Any]]) -> Proc[Any]:
         """The call's HTTP cost here; then the work here, or forwarded to the holder
-        (this node's cost of the forward, a hop each way, the holder's HTTP cost)."""
+        (this node's cost of the forward and of the payloads it carries either way,
+        a hop each way, the holder's HTTP cost)."""
         cal, sim = self.fleet.cal, self.fleet.sim
         yield self.loop.cpu(cal.call_us)
         holder = part.holder
@@ -155,7 +156,8 @@ class Node:
         yield holder.loop.cpu(cal.call_us)
         result = yield from work(holder)
         yield sim.sleep(self.fleet.net)
-        yield self.loop.cpu(cal.fwd_item_us * items_out)
+        if payloads_out:
+            yield self.loop.cpu(cal.fwd_item_us * sum(k for _, k, _ in result))
         return result
 
     # -- the holder's work -------------------------------------------------------------

@@ -41,9 +41,11 @@ class Prediction:
         return refused / made if made else 0.0
 
     def busiest(self) -> float:
-        """The busiest node's event loop, as a share of one core, in the drain."""
-        loops = [v for k, v in self.drain.cpu.items() if k.startswith("node") and "io" not in k]
-        return max(loops) / self.drain.seconds if self.drain.seconds else 0.0
+        """The busiest node's CPU (its loop and its S3 client's threads) as a share of
+        its core, in the drain."""
+        cpu = self.drain.cpu
+        nodes = [cpu[f"node {k}"] + cpu[f"node {k} io"] for k in range(self.setup.nodes)]
+        return max(nodes) / self.drain.seconds if self.drain.seconds else 0.0
 
 
 def predict(setup: Setup, cal: Calibration, seconds: float) -> Prediction:
