@@ -21,6 +21,7 @@ side by side with the measurements in fleetsim/measured.json.
         [--nodes 1,2,4,8,16,32,64] [--partitions 1,N] [--prefixes 1|P]
         [--clients 16] [--batch 100] [--seconds 1.5] [--seed 1] [--calibrate FILE]
     python benchmarks/fleet_sim.py --validate [--measured FILE] [--messages 20000]
+    python benchmarks/fleet_sim.py --fit [--measured FILE] > calibration.json
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fleetsim.calibration import Calibration, load
+from fleetsim.fit import fit
 from fleetsim.report import (
     predict,
     prediction_table,
@@ -91,7 +93,8 @@ def validate(args: argparse.Namespace, cal: Calibration) -> None:
           "on, nodes and driver on 2 cores) against the model\n")
     if measured.get("note"):
         print(f"Measured: {measured['note']}\n")
-    print("\n".join(validation_table(predicted, measured.get("runs", {}))))
+    print("\n".join(validation_table(predicted, measured.get("runs", {}),
+                                     measured.get("each", {}))))
 
 
 def arguments() -> argparse.Namespace:
@@ -118,6 +121,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--mixed-seconds", type=float, default=30.0,
                         help="validation: the mixed phase at 1,000 msg/s")
     parser.add_argument("--show-calibration", action="store_true")
+    parser.add_argument("--fit", action="store_true",
+                        help="print the calibration's CPU figures fitted to the CPU "
+                        "measured in --measured's shards run (fleetsim/fit.py)")
     return parser.parse_args()
 
 
@@ -125,6 +131,10 @@ def main() -> None:
     args = arguments()
     cal = load(args.calibrate)
     began = time.monotonic()
+    if args.fit:
+        measured = json.loads(Path(args.measured).read_text())["runs"]["shards, 1"]
+        print(fit(cal, measured, args.messages).to_json())
+        return
     if args.show_calibration:
         print(cal.to_json())
     if args.validate:

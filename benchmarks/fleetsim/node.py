@@ -133,7 +133,13 @@ class Node:
         yield from self._route(part, n, False, lambda h: h._produce_here(part, n, began))
 
     def lease(self, part: Partition, n: int, wait: float) -> Proc[Leased]:
-        got: Leased = yield from self._route(part, 0, True, lambda h: h._lease_here(part, n, wait))
+        got: Leased = yield from self._route(part, 0, True, lambda h: h._lease_reply(part, n, wait))
+        return got
+
+    def _lease_reply(self, part: Partition, n: int, wait: float) -> Proc[Leased]:
+        """A lease, and its reply built after the partition's lock is let go."""
+        got: Leased = yield from self._lease_here(part, n, wait)
+        yield self.loop.cpu(self.fleet.cal.reply_item_us * sum(k for _, k, _ in got))
         return got
 
     def complete(self, part: Partition, leased: Leased) -> Proc[None]:

@@ -3,7 +3,6 @@ against bench_fleet.py's measurements on this machine."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from .calibration import Calibration
@@ -62,7 +61,7 @@ def predict(setup: Setup, cal: Calibration, seconds: float) -> Prediction:
 
 
 def ms(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value * 1000:,.0f}"
+    return "n/a" if value != value else f"{value * 1000:,.0f}"  # NaN: no latency seen
 
 
 def prediction_table(preds: list[Prediction]) -> list[str]:
@@ -116,6 +115,8 @@ def shards_row(shards: int, cal: Calibration, messages: int, seed: int = 1
         for k in range(4):
             out[f"cpu_{name}_node{k + 1}"] = (phase.cpu[f"node {k}"]
                                               + phase.cpu[f"node {k} io"])
+        out[f"cpu_{name}_seaweed"] = phase.cpu["SeaweedFS"]
+        out[f"cpu_{name}_driver"] = phase.cpu["driver"]
     return out
 
 
@@ -125,16 +126,24 @@ def error(predicted: float, measured: float) -> str:
     return f"{(predicted - measured) / measured:+.0%}"
 
 
+def shown(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def validation_table(predicted: dict[str, dict[str, float]],
-                     measured: dict[str, dict[str, float]]) -> list[str]:
-    lines = ["| run | figure | predicted | measured | error |", "|---|---|---:|---:|---:|"]
+                     measured: dict[str, dict[str, float]],
+                     each: dict[str, list[dict[str, float]]]) -> list[str]:
+    """Predicted beside measured (the median of the runs, and their range)."""
+    lines = ["| run | figure | predicted | measured (median) | runs' range | error |",
+             "|---|---|---:|---:|---:|---:|"]
     for run, figures in predicted.items():
         seen = measured.get(run, {})
         for name, value in figures.items():
-            if name not in seen and name.startswith(("cpu_", "put_")):
+            if name not in seen:
                 continue
-            got = seen.get(name, math.nan)
-            shown = "" if math.isnan(got) else f"{got:,.{3 if abs(got) < 1 else 0}f}"
-            lines.append(f"| {run} | {name} | {value:,.{3 if abs(value) < 1 else 0}f} "
-                         f"| {shown} | {error(value, got) if not math.isnan(got) else ''} |")
+            got = seen[name]
+            values = [r[name] for r in each.get(run, []) if name in r]
+            span = f"{shown(min(values))} to {shown(max(values))}" if values else ""
+            lines.append(f"| {run} | {name} | {shown(value)} | {shown(got)} | {span} "
+                         f"| {error(value, got)} |")
     return lines

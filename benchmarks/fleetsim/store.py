@@ -149,7 +149,9 @@ class Store:
             yield io.cpu(cal.store_thread_us)
             ok = self._allowed(op, key, prefix)
             if self.server is not None:
-                yield self.server.cpu(cal.seaweed_request_us + cal.seaweed_kib_us * kib)
+                fixed = cal.seaweed_request_us
+                yield self.server.cpu(fixed * cal.seaweed_sync_share + cal.seaweed_kib_us * kib)
+                self.server.cpu(fixed * (1 - cal.seaweed_sync_share))  # not waited for
             lat = self.profile.put if op == "put" else self.profile.get
             yield sim.sleep(lat.sample(sim))
             if ok:
