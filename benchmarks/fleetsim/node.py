@@ -106,7 +106,7 @@ class Partition:
     calls: list[tuple[int, float, Future[None]]] = field(default_factory=list)
     publishing: bool = False
     lock: Mutex = field(default_factory=Mutex)
-    waiters: set[Future[None]] = field(default_factory=set)
+    waiters: dict[Future[None], None] = field(default_factory=dict)  # in order: no set
     manifest_read: float = -1e9
     backlog: bool = False  # an endless backlog: segments made on demand, unwritten
     produced: int = 0
@@ -198,7 +198,7 @@ class Node:
             part.produced += items
             for _, _, fut in batch:
                 fut.set(None)
-            waiters, part.waiters = part.waiters, set()
+            waiters, part.waiters = part.waiters, {}
             for w in waiters:
                 w.set(None)
         part.publishing = False
@@ -215,10 +215,10 @@ class Node:
             if got or sim.now >= deadline:
                 return got
             woken: Future[None] = Future()
-            part.waiters.add(woken)
+            part.waiters[woken] = None
             sim.at(deadline - sim.now, woken.set, None)
             yield woken
-            part.waiters.discard(woken)
+            part.waiters.pop(woken, None)
 
     def _lease_once(self, part: Partition, n: int) -> Proc[Leased]:
         fleet = self.fleet
