@@ -35,24 +35,32 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Calibration:
     # -- a node (one Python process) --------------------------------------------------
+    # produce's three: split as the instruction counts split a produce (1.9 M a request,
+    # 34,000 an item), fitted to the 1-shard holder's CPU producing
     call_us: float = 634.0  # any HTTP call it serves (a client's or a forwarded one)
     produce_item_us: float = 9.4  # per message produced: decode, ids, segment coding
     commit_us: float = 317.0  # per group commit: segment and manifest encoding
+    # lease+complete's five: split from the race's 54 us a message, fitted to the 1-shard
+    # holder's CPU draining
     lease_call_us: float = 345.0  # per lease look: the walk over cached summaries
     lease_item_us: float = 12.6  # per message leased, under the queue's lock: state, token
     reply_item_us: float = 11.4  # per message leased, after the lock: the reply's entry
     complete_item_us: float = 6.8  # per message completed: token check, tombstone
     cell_write_us: float = 173.0  # per lease-object write: encode the changed states
+    # the S3 client: bench_s3_client.py's obstore figures (8 in flight), not fitted
     store_loop_us: float = 250.0  # per store request, on the event loop (obstore)
     store_thread_us: float = 550.0  # per store request, on obstore's Rust threads
+    # the forward: fitted to the CPU of the 1-shard run's nodes 2 to 4, which only forward
     fwd_call_us: float = 884.0  # a node that forwards: per call sent and answered
     fwd_item_us: float = 7.1  # per payload carried through a forward, either way
     # -- the driver (validation only: bench_fleet.py's clients) -------------------------
+    # split as the race's 29 us per message leased and completed, fitted to its CPU
     client_call_us: float = 398.0  # per call
     client_produce_item_us: float = 5.3  # per message sent
     client_lease_item_us: float = 15.9  # per message received (msgspec, the Item)
     client_complete_item_us: float = 1.8  # per token sent back
     # -- SeaweedFS on loopback (validation only) ---------------------------------------
+    # split as the race's 31 and 55 us per message, fitted to its CPU
     seaweed_request_us: float = 2871.0  # per S3 request
     seaweed_kib_us: float = 18.8  # per KiB written or read
     # the share of the per-request figure a request waits for (its bytes' share it waits
