@@ -1,0 +1,1 @@
+"""A discrete-event model of an okq fleet (benchmarks/fleet_sim.py runs it)."""
