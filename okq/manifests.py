@@ -19,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+from okq.cell import Cell
 from okq.clock import Clock, SystemClock
-from okq.errors import CASConflict, FormatError, ObjectNotFound, StorageError
+from okq.errors import CASConflict, FormatError, ObjectNotFound
 from okq.keys import chunk_key, manifest_key
 from okq.model import (
     Chunk,
     Manifest,
     decode_chunk,
     encode_chunk,
+    encode_manifest,
     manifest_chunk_ids,
     manifest_from,
     unpack_manifest,
@@ -125,13 +127,11 @@ class ManifestCodec:
 
 async def read_manifest(store: Store, ns: str, queue: str) -> Manifest:
     """A queue's manifest read fresh, with its chunks (ObjectNotFound: no queue).
-    For tools and tests; an engine reads through its Cell."""
+    For tools and tests: a Cell of its own reads it, as an engine's would."""
     codec = ManifestCodec(store, ns, queue, SystemClock(), 0)
-    for _ in range(5):
-        blob = await store.get(manifest_key(ns, queue))
-        try:
-            await codec.load(blob.data)
-        except ObjectNotFound:
-            continue  # a chunk was collected: the head moved on
-        return codec.decode(blob.data)
-    raise StorageError(f"the manifest of {queue!r} kept referencing chunks that are gone")
+    cell: Cell[Manifest] = Cell(store, manifest_key(ns, queue), SystemClock(), encode_manifest,
+                                codec.decode, load=codec.load)
+    m = await cell.read(0)
+    if m is None:
+        raise ObjectNotFound(f"no manifest of {queue!r}", key=manifest_key(ns, queue))
+    return m

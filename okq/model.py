@@ -165,24 +165,20 @@ class Manifest:
                         self.purge_rq, dict(self.purged), self.purged_ms, list(self.chunks),
                         self.n_chunked)
 
-    def chunked(self) -> int:
-        """How many of ``segments`` (from the front) the chunks hold."""
-        return self.n_chunked
-
     def _set_chunks(self, chunks: list[Chunk]) -> None:
         self.chunks, self.n_chunked = chunks, sum(len(c.segments) for c in chunks)
 
     def listed(self, segment_id: str) -> bool:
         """Whether ``segment_id`` is listed: a set lookup per chunk, a scan of the tail."""
         return any(segment_id in c.ids for c in self.chunks) or any(
-            sm.id == segment_id for sm in self.segments[self.chunked():])
+            sm.id == segment_id for sm in self.segments[self.n_chunked:])
 
     def drop_segments(self, ids: set[str] | frozenset[str], now_ms: int) -> None:
         """Unlist ``ids``: a chunk holding one is replaced by a new chunk of the
         rest (written with the manifest), or by nothing when none is left."""
         if not ids:
             return
-        tail = self.segments[self.chunked():]
+        tail = self.segments[self.n_chunked:]
         chunks: list[Chunk] = []
         for c in self.chunks:
             if c.ids.isdisjoint(ids):

@@ -172,7 +172,7 @@ def test_chunks_always_stand_for_the_list_the_changes_made(ops: list[tuple[str, 
             widest = max(widest, arg or 128)  # nodes may cut chunks of different sizes
             assert all(len(c.segments) <= widest for c in m.chunks)
             if arg:
-                assert len(m.segments) - m.chunked() < arg
+                assert len(m.segments) - m.n_chunked < arg
             assert decode_manifest(encode_manifest(m), stored.chunks) == m
         elif op == "copy":
             m = m.copy()
@@ -180,7 +180,7 @@ def test_chunks_always_stand_for_the_list_the_changes_made(ops: list[tuple[str, 
             m.clear_segments()
             model = []
         assert m.segments == model
-        assert m.segments[:m.chunked()] == [s for c in m.chunks for s in c.segments]
+        assert m.segments[:m.n_chunked] == [s for c in m.chunks for s in c.segments]
         for n in range(made):
             assert m.listed(seg(n).id) == (seg(n) in model)
 
