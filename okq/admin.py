@@ -23,6 +23,7 @@ from okq.errors import (
 from okq.keys import (
     manifest_key,
     manifests_prefix,
+    split_partition,
 )
 from okq.manifest_ops import Purge, UpdateConfig, merged_config
 from okq.model import (
@@ -134,7 +135,8 @@ class Admin:
         """
         q = self.rt.queue(name)
         await self.rt.manifest(q, 0)
-        users = await self._dead_queue_users(name)
+        # No queue names a partition as its dead queue (okq.keys.check_name refuses it).
+        users = await self._dead_queue_users(name) if not split_partition(name)[1] else []
         if users:
             named = ", ".join(repr(u) for u in users)
             raise QueueInUse(
@@ -147,7 +149,8 @@ class Admin:
 
     async def _dead_queue_users(self, name: str) -> list[str]:
         """The queues whose ``dead_queue`` is ``name``, read fresh, 32 GETs at a time."""
-        others = [other for other in await self.list_queues() if other != name]
+        others = [other for other in await self.list_queues()
+                  if other != name and not split_partition(other)[1]]
         users: list[str] = []
         for start in range(0, len(others), 32):
             chunk = others[start : start + 32]

@@ -196,7 +196,7 @@ class Deliveries:
         if to_dead:
             sm = await self.rt.segment_meta(q, d.segment)
             await self.finishers.help_dead(q, sm, d.index, cfg if fresh else None)
-        q.wake.set()
+        self.rt.wake(q)
 
 
 def _completions(ds: list[Delivery]) -> Callable[[LeaseObject, int], object]:

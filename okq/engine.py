@@ -26,6 +26,7 @@ from okq.admin import Admin, QueueInfo
 from okq.clock import Clock, SystemClock
 from okq.deliveries import Deliveries
 from okq.finishers import Finishers
+from okq.keys import split_partition
 from okq.model import QueueConfig
 from okq.movetasks import MoveTaskStore
 from okq.publisher import NewItem
@@ -91,8 +92,9 @@ class Engine:
         return self.runtime.cas_conflicts
 
     def queues_served(self) -> list[str]:
-        """The queues this engine has served since it started (for metrics)."""
-        return list(self.runtime.queues)
+        """The queues this engine has served since it started (for metrics): a queue
+        once, whichever of its partitions it served."""
+        return list(dict.fromkeys(split_partition(q)[0] for q in self.runtime.queues))
 
     def trust(self, holds: Callable[[str], bool]) -> None:
         """Every write to the queues ``holds`` names comes through this engine (a

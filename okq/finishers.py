@@ -21,6 +21,7 @@ from okq.errors import (
 )
 from okq.keys import (
     item_id,
+    split_partition,
 )
 from okq.leases import DEAD_PENDING, OUTPUTS_PENDING, ItemState
 from okq.model import (
@@ -94,8 +95,10 @@ class Finishers:
         seg = await self.rt.segment(q, sm)
         iid = item_id(sm.id, idx)
         item = seg.items[idx]
-        meta = dead_letter_meta(item.meta, q.name, iid, item.born_ms or sm.created_ms,
-                                st.attempts, st.err)
+        # The source is the queue, whichever of its partitions held the item: a
+        # redrive puts it back through the queue's partition 0.
+        meta = dead_letter_meta(item.meta, split_partition(q.name)[0], iid,
+                                item.born_ms or sm.created_ms, st.attempts, st.err)
         key = f"dlq:{self.rt.ns}:{q.name}:{iid}:{st.v}"
         await self.rt.produce(dead_queue, [NewItem(item.payload, None, key, meta)])
 
@@ -141,7 +144,7 @@ class Finishers:
             if isinstance(exc, PublishAborted):
                 raise PublishAborted(message) from exc
             raise QueueNotFound(message, queue=out[0], field="outputs.queue_name") from exc
-        outq.wake.set()
+        self.rt.wake(outq)
         await self.rt.lease_cell(q, sm.id).update(
             lambda o, now: tr.finish_outputs(o, idx, v)
         )

@@ -31,6 +31,12 @@ import secrets
 from okq.errors import InvalidRequest
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: The separator of a partition's number from its queue's name (``orders~3``): no
+#: name a user gives can hold it, so a partition is never mistaken for a queue.
+PARTITION_SEP = "~"
+#: A name the engine keeps objects under: a queue's (its partition 0) or one of its
+#: other partitions' (``okq.partitions``).
+QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}(?:~[1-9][0-9]{0,2})?")
 SEGMENT_RE = re.compile(r"[0-9a-f]{12}-[0-9a-f]{10}")
 
 
@@ -42,6 +48,26 @@ def check_name(value: str, field: str) -> str:
             field=field,
         )
     return value
+
+
+def check_queue(value: str, field: str) -> str:
+    """A queue's name or one of its partitions' (``check_name`` says what a user may
+    name)."""
+    if not isinstance(value, str) or not QUEUE_RE.fullmatch(value):
+        return check_name(value, field)
+    return value
+
+
+def partition_name(queue: str, partition: int) -> str:
+    """Where partition ``partition`` of ``queue`` keeps its objects: partition 0 is
+    the queue's own name, so a queue of one partition is what it always was."""
+    return f"{queue}{PARTITION_SEP}{partition}" if partition else queue
+
+
+def split_partition(name: str) -> tuple[str, int]:
+    """The queue and partition number a name of ``partition_name`` stands for."""
+    queue, sep, number = name.partition(PARTITION_SEP)
+    return (queue, int(number)) if sep and number.isdigit() else (name, 0)
 
 
 def new_segment_id(now_ms: int) -> str:

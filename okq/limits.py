@@ -16,6 +16,8 @@ RETENTION_MAX = 1_209_600
 #: Deliveries before dead-lettering: 0 (unlimited) to 10,000.
 MAX_ATTEMPTS_MIN = 0
 MAX_ATTEMPTS_MAX = 10_000
+#: The most partitions a queue may have (okq.partitions).
+PARTITIONS_MAX = 64
 #: The longest long poll a node may allow (its --max-wait, and a lease's request_timeout).
 REQUEST_TIMEOUT_MAX = 3600
 #: The largest batch a node may allow (its --max-batch).

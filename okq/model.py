@@ -27,6 +27,7 @@ from okq.limits import (
     LEASE_TIMEOUT_MIN,
     MAX_ATTEMPTS_MAX,
     MAX_ATTEMPTS_MIN,
+    PARTITIONS_MAX,
     RETENTION_MAX,
     RETENTION_MIN,
 )
@@ -61,6 +62,11 @@ class QueueConfig(BaseModel):
     dead_queue: str | None = Field(None, description="queue that receives dead items")
     retention_dead_letter: bool = Field(
         False, description="move items past retention to the dead-letter queue, not drop them"
+    )
+    partitions: int = Field(
+        1, ge=1, le=PARTITIONS_MAX,
+        description="partitions the queue is spread over (okq.partitions); raised, never "
+        "lowered",
     )
     attributes: dict[str, str] = Field(
         default_factory=dict,
@@ -321,10 +327,13 @@ def unpack_object(kind: str, data: bytes,
 
 def _config_dump(config: QueueConfig) -> dict[str, Any]:
     """The config as a manifest keeps it: without ``attributes`` while there are
-    none, so that okq versions that know no such field still read the queue."""
+    none and without ``partitions`` while there is one, so that okq versions that
+    know no such field still read the queue."""
     dump = config.model_dump()
     if not dump["attributes"]:
         del dump["attributes"]
+    if dump["partitions"] == 1:
+        del dump["partitions"]
     return dump
 
 

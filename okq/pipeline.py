@@ -12,13 +12,15 @@ and either acts on the operation or passes it to the layer below::
                 item whatever the front end (a node only)
     admit       long-poll and produce admission, and the lease of a caller that
                 went away given back (okq.admit)
+    spread      a queue of several partitions: each operation on it turned into
+                operations on its partitions (okq.partitions)
     route       sequencer mode: a change runs on its queue's holder (okq.routing;
                 a node in sequencer mode only)
     local       the engine (okq.local)
 
 A forward from another node enters its holder's pipeline at ``admit`` with
 ``ctx.forwarded`` set: the fleet signature stood for authorize, the sender
-metered it, and route runs it here.
+metered it, its spread chose the partition, and route runs it here.
 
 A layer that has nothing to do for an operation returns the layer below's
 awaitable without awaiting it (one method call, no coroutine of its own): a
@@ -40,6 +42,7 @@ from okq.engine import Engine
 from okq.errors import Forbidden
 from okq.local import Local
 from okq.ops import SYSTEM, Context, Layer
+from okq.partitions import Spread
 from okq.routing import Route
 from okq.sequencer import Sequencer
 
@@ -147,12 +150,15 @@ class Meters:
 
 
 def build(engine: Engine, admission: Admission | None = None, *, meters: Meters | None = None,
-          sequencer: Sequencer | None = None, authorize: bool = True) -> Pipeline:
-    """authorize → meter → admit → route → local over ``engine``: meter with ``meters``
-    only (a node), route with a ``sequencer`` only (sequencer mode)."""
+          sequencer: Sequencer | None = None, authorize: bool = True,
+          default_partitions: int = 1) -> Pipeline:
+    """authorize → meter → admit → spread → route → local over ``engine``: meter with
+    ``meters`` only (a node), route with a ``sequencer`` only (sequencer mode); a queue
+    created without saying how many partitions gets ``default_partitions``."""
     layer: Layer = Local(engine)
     if sequencer is not None:
         layer = Route(layer, engine, sequencer)
+    layer = Spread(layer, engine, sequencer, default_partitions)
     admit = Admit(layer, admission or Admission(), engine)
     layer = admit
     if meters is not None:

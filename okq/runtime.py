@@ -29,6 +29,7 @@ from okq.errors import (
 from okq.headers import HEADERS_KEY, check_headers
 from okq.keys import (
     check_name,
+    check_queue,
     lease_key,
     manifest_key,
     segment_key,
@@ -167,13 +168,16 @@ class Runtime:
         # Whether this process writes all of a queue's changes (sequencer mode):
         # its caches of that queue may then be trusted for longer.
         self.trusted: Callable[[str], bool] = lambda queue: False
+        # Called with a queue's name whenever this process made items of it
+        # leasable (okq.partitions wakes its long polls of the whole queue).
+        self.on_wake: list[Callable[[str], None]] = []
 
     def queue(self, name: str, field_name: str = "queue") -> QueueRuntime:
         """The queue's runtime, made on first use (the name is checked)."""
         q = self.queues.get(name)
         if q is not None:
             return q
-        check_name(name, field_name)
+        check_queue(name, field_name)
         codec = ManifestCodec(self.store, self.ns, name, self.clock, self.opts.manifest_chunk)
         cell: Cell[Manifest] = Cell(
             self.store, manifest_key(self.ns, name), self.clock, encode_manifest, codec.decode,
@@ -300,8 +304,14 @@ class Runtime:
             if isinstance(exc, ObjectNotFound):
                 raise QueueNotFound(f"queue {queue!r} does not exist", queue=queue) from exc
             raise
-        q.wake.set()
+        self.wake(q)
         return ids
+
+    def wake(self, q: QueueRuntime) -> None:
+        """Items of ``q`` may be leasable now: its long polls look at once."""
+        q.wake.set()
+        for fn in self.on_wake:
+            fn(q.name)
 
     def new_items(self, items: Sequence[NewItem | bytes], field_name: str) -> list[NewItem]:
         """The items of a produce, checked against the limits."""

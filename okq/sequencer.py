@@ -78,6 +78,7 @@ from okq.fleetwire import (
     Misdirected,
     ReplayGuard,
 )
+from okq.keys import PARTITION_SEP
 from okq.store.base import Store
 
 log = logging.getLogger("okq.sequencer")
@@ -98,8 +99,15 @@ def role_key(ns: str, shard: int) -> str:
 
 
 def shard_of(queue: str, shards: int) -> int:
-    """The shard a queue belongs to: a stable hash of its name."""
-    return zlib.crc32(queue.encode()) % shards if shards > 1 else 0
+    """The shard a queue belongs to: a stable hash of its name. Partition ``p`` of a
+    queue (``okq.partitions``) is ``p`` shards after the queue's, so that its
+    partitions fall on as many shards, and holders, as there are."""
+    if shards <= 1:
+        return 0
+    base, sep, number = queue.partition(PARTITION_SEP)
+    if not sep:
+        return zlib.crc32(queue.encode()) % shards
+    return (zlib.crc32(base.encode()) + int(number)) % shards
 
 
 @dataclass
@@ -196,6 +204,11 @@ class Sequencer:
         a holder that cannot renew (cut off from the store) neither trusts its caches
         nor vouches for its role to the nodes that forward to it."""
         return self._fresh(self._shards[shard_of(queue, self.shards)])
+
+    def known(self, queue: str) -> bool:
+        """Whether this node holds the queue's role or knows a live holder of it."""
+        sh = self._shards[shard_of(queue, self.shards)]
+        return sh.held or self._live(sh)
 
     def vouch(self, queue: str) -> tuple[float, str]:
         """Seconds the others may take this node's role of ``queue`` as live without

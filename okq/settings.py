@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from okq.auth import check_new_key
 from okq.engine import EngineOptions
 from okq.keys import check_name
-from okq.limits import MAX_BATCH_MAX, REQUEST_TIMEOUT_MAX
+from okq.limits import MAX_BATCH_MAX, PARTITIONS_MAX, REQUEST_TIMEOUT_MAX
 from okq.model import CHUNK_SEGMENTS
 from okq.store import DEFAULT_S3_CLIENT, DEFAULT_S3_TIMEOUT
 
@@ -76,6 +76,11 @@ class Settings(BaseSettings):
         "segments than this plus a reference per chunk, whatever the backlog. 0 cuts no "
         "chunks, keeping manifests in format 1 while a fleet still runs okq older than "
         "chunks, which cannot read format 2 (docs/DESIGN.md, \"Manifests\")",
+    )
+    default_partitions: int = Field(
+        1, ge=1, le=PARTITIONS_MAX,
+        description="partitions of a queue created without saying how many: a queue of "
+        "several is served by as many sequencer holders (docs/DESIGN.md, \"Partitions\")",
     )
     api_keys: SecretStr | None = Field(
         None,

@@ -41,6 +41,7 @@ from okq.limits import (
     MAX_ATTEMPTS_MIN,
     MAX_HEADERS,
     MAX_TIME_MS,
+    PARTITIONS_MAX,
     REQUEST_TIMEOUT_MAX,
     RETENTION_MAX,
     RETENTION_MIN,
@@ -367,6 +368,10 @@ class QueueSettings(Body):
     dead_queue: QueueName | None = None
     retention_dead_letter: bool | None = Field(
         None, description="move items past retention to the dead-letter queue")
+    partitions: int | None = Field(
+        None, ge=1, le=PARTITIONS_MAX,
+        description="partitions the queue is spread over, so that several nodes serve it "
+        "(default 1); raised by an update, never lowered")
 
 
 class QueueCreate(QueueSettings):
@@ -396,6 +401,7 @@ class QueueInfoOut(Reply):
     max_attempts: int
     dead_queue: str | None
     retention_dead_letter: bool
+    partitions: int
     created_at: datetime
     segments: int
     produced: int

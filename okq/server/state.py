@@ -77,7 +77,8 @@ def install(app: web.Application, settings: Settings, store: Store, *,
     app[METRICS] = metrics = Metrics()
     meters = Meters(metrics.items, metrics.batch)
     app[PIPELINE] = pipeline = build(engine, admission(settings), meters=meters,
-                                     sequencer=sequencer)
+                                     sequencer=sequencer,
+                                     default_partitions=settings.default_partitions)
     app[SERVICE] = QueueService.over(pipeline)
     app[HEALTH] = Health(watched, settings.namespace)
     app[KEYRING] = KeyRing(watched, settings.api_key_set(), required=settings.require_api_keys,

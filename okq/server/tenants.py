@@ -69,8 +69,9 @@ class Tenants:
                                 clock=self.clock, options=self.settings.engine_options())
                 await engine.start(self_check=False)  # the node's store passed at start
                 self._engines[namespace] = engine
-                self._services[namespace] = build(engine, admission(self.settings),
-                                                  meters=self.meters)
+                self._services[namespace] = build(
+                    engine, admission(self.settings), meters=self.meters,
+                    default_partitions=self.settings.default_partitions)
                 log.info("serving namespace %r too", namespace)
         return self._services[namespace]
 
