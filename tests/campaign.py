@@ -10,7 +10,7 @@ fault-injecting proxy (tests/s3proxy.py) between SeaweedFS and every node and
 the compactor; a second fleet like it without the sequencer then runs those
 named ``name@direct`` (there every node takes its lease decisions by its own
 clock, which is what the clock scenarios are after). Each scenario gets a
-fresh queue and its own client load:
+fresh queue (of P partitions for ``name:P``, okq.partitions) and its own client load:
 producers send keyed batches and retry an unknown outcome with the same keys,
 consumers complete what they lease, some through each load balancer and one
 of each per node directly, and every outcome goes into a :class:`~tests.history.History`.
@@ -162,7 +162,9 @@ class Profile:
     cutoff_seconds: float = ROLE_TTL + 5
     #: ``name`` runs on the sequencer-mode fleet, ``name@direct`` on a second fleet
     #: without it, where every node takes lease decisions by its own clock.
-    scenarios: tuple[str, ...] = ("store", "kill", "stop", "s3-restart", "clock@direct")
+    #: ``name:P`` runs it on a queue of P partitions (okq.partitions).
+    scenarios: tuple[str, ...] = ("store", "kill", "kill:2", "stop", "s3-restart",
+                                  "clock@direct", "store:2@direct")
 
 
 CAMPAIGN_CHUNK = 4  # segments per manifest chunk in the campaign's fleet
@@ -170,7 +172,15 @@ SHORT = Profile("short", seconds=7, drain=60, stop_rounds=2,
                 store=StoreFaults(timeout=0.05, timeout_landed=0.05, timeouts_max=2))
 LONG = Profile("long", seconds=100, drain=180, stop_rounds=5, s3_restarts=3, hang_seconds=60,
                cutoff_seconds=2 * ROLE_TTL + 10, store=StoreFaults(timeouts_max=12),
-               scenarios=(*SCENARIOS, "clock@direct", "clock-beyond@direct"))
+               scenarios=(*SCENARIOS, *(f"{n}:2" for n in SCENARIOS), "clock@direct",
+                          "clock-beyond@direct", "clock:2@direct", "store:2@direct"))
+
+
+def scenario_parts(name: str) -> tuple[str, int]:
+    """A scenario's injector and its queue's partitions: ``kill:2@direct`` -> (kill, 2)."""
+    base = name.partition("@")[0]
+    injector, _, partitions = base.partition(":")
+    return injector, int(partitions) if partitions.isdigit() else 1
 
 
 # -- libfaketime ---------------------------------------------------------------------------
@@ -708,13 +718,14 @@ class Campaign:
 
     async def scenario(self, name: str) -> Outcome:
         """Run one scenario (``clock`` or ``clock@direct``) under load, drain, check."""
-        inject = self._injectors()[name.partition("@")[0]]
-        queue = f"c-{name.partition('@')[0]}-{uuid.uuid4().hex[:8]}"
+        injector, partitions = scenario_parts(name)
+        inject = self._injectors()[injector]
+        queue = f"c-{injector}-{uuid.uuid4().hex[:8]}"
         async with Client(self.fleet.url, timeout=30) as c:
-            await c.create_queue(queue, lease_timeout=LEASE_TIMEOUT)
+            await c.create_queue(queue, lease_timeout=LEASE_TIMEOUT, partitions=partitions)
         nodes = [n.url for n in self.fleet.nodes]
         via = self._balancers()
-        if name == "namespaces":  # a balancer would send clients to the other namespace's node
+        if injector == "namespaces":  # a balancer would send clients to the other namespace's node
             holder = await asyncio.to_thread(self.fleet.holder)
             nodes = [n.url for n in self.fleet.nodes if n is not holder]
             via = []
@@ -1121,6 +1132,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         "the JSON one beside it (.json)")
     parser.add_argument("--scenarios", help=f"comma-separated, of {', '.join(SCENARIOS)}, "
                         "each with @direct to run it on a fleet without the sequencer "
+                        "and :P (before @) to run it on a queue of P partitions "
                         "(default: the profile's)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     parser.add_argument("--seconds", type=float, help="faults per scenario, overriding the "
@@ -1132,7 +1144,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.seconds is not None:
         args.profile = replace(args.profile, seconds=args.seconds)
     names = args.scenarios.split(",") if args.scenarios else list(args.profile.scenarios)
-    unknown = [n for n in names if n.removesuffix("@direct") not in SCENARIOS]
+    unknown = [n for n in names if scenario_parts(n)[0] not in SCENARIOS
+               or n.partition("@")[2] not in ("", "direct")]
     if unknown:
         parser.error(f"unknown scenarios {unknown}: choose from {', '.join(SCENARIOS)}")
     args.names = names

@@ -25,19 +25,24 @@ AWS_ENV = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
            "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
 
 
-#: The stores the SQS tests run on: a node's file store and SeaweedFS.
-STORES = ["file", pytest.param("seaweed", marks=pytest.mark.s3)]
+#: The stores the SQS tests run on: a node's file store, its queues of one partition,
+#: and SeaweedFS, its queues of three (``--default-partitions 3``, okq.partitions): each
+#: test runs on an unpartitioned queue and on a partitioned one, on two stores.
+STORES = ["file", pytest.param("seaweed-partitioned", marks=pytest.mark.s3)]
+PARTITIONED = ["--default-partitions", "3"]
 
 
 @contextmanager
 def sqs_node_on(request: pytest.FixtureRequest, tmp: Path) -> Iterator[Node]:
     """``sqs_node`` on the store ``request.param`` names (one of :data:`STORES`)."""
+    extra: list[str] = []
     if request.param == "file":
         store, endpoint = f"file://{tmp / 'data'}", None
     else:
         store = f"s3://okq-test/{uuid.uuid4().hex}"
         endpoint = request.getfixturevalue("seaweed_endpoint")
-    with sqs_node(store, tmp, endpoint_url=endpoint) as node:
+        extra = PARTITIONED
+    with sqs_node(store, tmp, endpoint_url=endpoint, extra=extra) as node:
         yield node
 
 

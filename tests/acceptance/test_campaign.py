@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from okq.dev.servers import ServerMissing
-from tests.campaign import SHORT, require_programs
+from tests.campaign import SHORT, require_programs, scenario_parts
 
 pytestmark = pytest.mark.s3
 SEED = 13
@@ -99,4 +99,4 @@ def run_short_campaign(tmp_path: Path, names: list[str]) -> None:
             (0, 0, 0), (name, s["checker"])
         assert s["operations"]["produce acknowledged"] > 0, name
         assert s["operations"]["completions accepted"] > 0, name
-        CHECKS[name.partition("@")[0]](s)
+        CHECKS[scenario_parts(name)[0]](s)

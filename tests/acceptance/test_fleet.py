@@ -9,9 +9,12 @@ holder SIGKILLed under load is replaced and writes resume; Python ``Worker``s an
 ``okq work`` ride out every node SIGKILLed in turn. Traffic under load is
 recorded and checked by tests/history.py.
 
-The fleet runs in sequencer mode by default; ``OKQ_FLEET_MODES=direct`` runs
-the module without it, ``OKQ_FLEET_MODES=sequencer,direct`` both ways (each
-mode starts its own fleet, about 50 s each here).
+The module runs twice by default: in sequencer mode (``sequencer``), and in
+sequencer mode with three shards and every queue of three partitions
+(``partitioned``: ``--default-partitions 3``, okq.partitions), so that each
+queue's partitions are held by different nodes and every test here runs on a
+queue spread over the fleet too. ``OKQ_FLEET_MODES`` picks modes (comma-separated,
+``direct`` for a fleet without the sequencer); each mode starts its own fleet.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ T = TypeVar("T")
 
 LEASE_TIMEOUT = 2.0  # seconds: redelivery after a lost consumer is quick
 ROLE_TTL = 3.0  # the smallest a node accepts
-MODES = os.environ.get("OKQ_FLEET_MODES", "sequencer").split(",")
+MODES = os.environ.get("OKQ_FLEET_MODES", "sequencer,partitioned").split(",")
+PARTITIONS = 3  # of every queue in the partitioned mode (and its sequencer shards)
 
 
 def _require_programs() -> None:
@@ -65,10 +69,13 @@ def _require_programs() -> None:
 def fleet(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     _require_programs()
-    sequencer = request.param == "sequencer"
+    sequencer = request.param in ("sequencer", "partitioned")
+    spread = ["--default-partitions", str(PARTITIONS)] \
+        if request.param == "partitioned" else []
     local = LocalFleet(tmp_path_factory.mktemp("fleet"), 3, sequencer=sequencer,
+                       shards=PARTITIONS if spread else 1,
                        role_ttl=ROLE_TTL, compactor_args=["--interval", "2"], stop_timeout=10,
-                       node_args=["--sqs-keys", SQS_KEYS])
+                       node_args=["--sqs-keys", SQS_KEYS, *spread])
     with local:
         if sequencer:  # a node claims a role when a queue of its shard is first written
             asyncio.run(_warm_up(local.url))
@@ -438,12 +445,14 @@ async def test_the_sequencer_killed_under_load_is_replaced(fleet: LocalFleet) ->
         await asyncio.sleep(2)
         old = fleet.holder() if fleet.sequencer else fleet.nodes[0]
         assert old is not None, "no node holds the sequencer role"
+        roles = old.roles()  # with partitions: the shards of some of the queue's partitions
         old.kill(signal.SIGKILL)
         killed = time.monotonic()
-        new = None
         if fleet.sequencer:
-            new = await asyncio.to_thread(fleet.wait_holder, 15, not_=old)
-            print(f"\nrole moved from node {old.index} to node {new.index} in "
+            await asyncio.to_thread(fleet.wait_holder, 15, not_=old)
+            moved = await asyncio.to_thread(_wait_held, fleet, roles, old, 15)
+            print(f"\nroles {roles} moved from node {old.index} to nodes "
+                  f"{sorted({n.index for n in moved.values()})} in "
                   f"{time.monotonic() - killed:.2f} s")
         await asyncio.sleep(3)
         resumed = load.first_write_after(killed)
@@ -455,6 +464,22 @@ async def test_the_sequencer_killed_under_load_is_replaced(fleet: LocalFleet) ->
     finally:
         await load.drain()
     _check(load)
+
+
+def _wait_held(fleet: LocalFleet, shards: Sequence[int], not_: FleetNode,
+               timeout: float) -> dict[int, FleetNode]:
+    """Until every one of ``shards`` is held by a node other than ``not_``; TimeoutError
+    if one is not (the writes of its queues would go nowhere but direct)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = fleet.holders()
+        moved = {s: held[s] for s in shards if s in held and held[s] is not not_}
+        if len(moved) == len(shards):
+            return moved
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"shards {sorted(set(shards) - set(moved))} not taken over "
+                               f"within {timeout:g}s")
+        time.sleep(0.05)
 
 
 # -- okq fleet, the command -------------------------------------------------------------------
