@@ -32,6 +32,12 @@ shards    Fleet-wide role or sharded by queue? 4 nodes, sequencer on, run with 1
           through node k so that with 4 shards each node claims one. Produce
           ``--messages``, then drain; each process's CPU seconds per phase (from
           /proc): is the one holder's core the limit, does the work spread?
+partitions One queue of 2 partitions on 2 sequencer nodes (2 shards), alternating
+          ``--rounds`` times with one of 1 partition on 1 node, and one of those
+          last (``--setups``: other node and partition counts): the table's
+          driver, client k on node k; each node's CPU per phase, its share of
+          the fleet's, the fleet's CPU per message against one node's
+          (medians), forwards per message.
 
 The idle figures count the nodes' and the compactor's object-store requests
 (both export ``okq_store_requests``).
@@ -866,6 +872,111 @@ def print_shards(results: list[Sharded], args: argparse.Namespace) -> None:
           "completed exactly once, with no call retried")
 
 
+# -- partitions: one queue over several nodes ------------------------------------------
+
+
+@dataclass
+class Spread:
+    nodes: int
+    partitions: int
+    produce: float = 0.0
+    consume: float = 0.0
+    roles: Roles = field(default_factory=dict)
+    cpu: dict[str, Counts] = field(default_factory=dict)  # phase -> process -> CPU s
+    wall: dict[str, float] = field(default_factory=dict)
+    forwards: float = 0.0  # forwards the nodes sent over the measured phases
+    puts: dict[str, float] = field(default_factory=dict)  # phase -> PUT-class requests
+    problems: dict[str, int] = field(default_factory=dict)
+
+
+async def forwards_sent(http: aiohttp.ClientSession, fleet: LocalFleet) -> float:
+    """``okq_sequencer_forwards_total`` summed over the fleet's nodes."""
+    total_sent = 0.0
+    for node in fleet.nodes:
+        async with http.get(f"{node.url}/metrics") as r:
+            text = await r.text()
+        for family in text_string_to_metric_families(text):
+            if family.name == "okq_sequencer_forwards":
+                total_sent += sum(x.value for x in family.samples
+                                  if x.name.endswith("_total") and x.labels["outcome"] != "direct")
+    return total_sent
+
+
+async def partitions_run(nodes: int, partitions: int, args: argparse.Namespace,
+                         http: aiohttp.ClientSession) -> Spread:
+    """``nodes`` nodes in sequencer mode with ``partitions`` shards, one queue of
+    ``partitions`` partitions; the table's driver (4 producers and 4 consumers, client
+    k on node k, batches of 100, 1 KiB). Each node's first produces claim a partition
+    it finds unheld (okq.partitions), until every partition has a holder."""
+    result = Spread(nodes, partitions)
+    ledger = Ledger()
+    queue = "spread"
+    async with running(args.workdir, nodes, True, shards=partitions) as fleet, \
+            clients_of(fleet) as clients:
+        await clients[0].create_queue(queue, partitions=partitions)
+        for _ in range(4):  # a node that found a partition held takes the next unheld one
+            for c in clients:
+                ledger.produced.extend(await c.produce(queue, [PAYLOAD]))
+            roles = await asyncio.to_thread(roles_of, fleet)
+            if sum(map(len, roles.values())) >= partitions:
+                break
+        result.roles = await all_held(fleet, partitions)
+        sent = await forwards_sent(http, fleet)
+
+        async def mark() -> tuple[float, Counts, float]:
+            requests = (await asyncio.to_thread(fleet.store_requests)).total
+            return time.perf_counter(), cpu_of(fleet), total(requests, PUT_CLASS)
+
+        marks = [await mark()]
+        result.produce = await produce_all(clients, queue, args.messages, ledger)
+        marks.append(await mark())
+        result.consume = await drain(clients, queue, ledger)
+        marks.append(await mark())
+        result.forwards = await forwards_sent(http, fleet) - sent
+    for n, phase in enumerate(("produce", "drain")):
+        (t0, c0, p0), (t1, c1, p1) = marks[n], marks[n + 1]
+        result.wall[phase] = t1 - t0
+        result.cpu[phase] = {k: c1[k] - c0[k] for k in c1}
+        result.puts[phase] = p1 - p0
+    result.problems = ledger.problems()
+    return result
+
+
+def print_partitions(results: list[Spread], args: argparse.Namespace) -> None:
+    print(f"\n## Partitions: one queue of P partitions on N sequencer nodes (P shards); "
+          f"{WORKERS} producers and {WORKERS} consumers in this process, client k on node "
+          f"k, batches of {BATCH}, 1 KiB, {args.messages:,} messages produced then drained; "
+          f"CPU from /proc over each phase; {os.cpu_count()} cores; SeaweedFS\n")
+    print("| nodes | partitions | roles held | phase | msg/s | node CPU s (each) "
+          "| each node's share of the fleet's | fleet CPU µs/msg | forwards/msg "
+          "| PUT-class/msg | check |")
+    print("|---:|---:|---|---|---:|---|---|---:|---:|---:|---|")
+    base: dict[str, float] = {}
+    for r in results:
+        check = "ok" if not r.problems else ", ".join(f"{k} {v}" for k, v in r.problems.items())
+        for phase, key in (("produce", "produce"), ("lease+complete", "drain")):
+            cpu = r.cpu[key]
+            each = [cpu[f"node {k}"] for k in range(1, r.nodes + 1)]
+            fleet_us = sum(each) / args.messages * 1e6
+            base.setdefault(phase, fleet_us)
+            shares = " / ".join(f"{c / sum(each):.0%}" for c in each)
+            print(f"| {r.nodes} | {r.partitions} | {held(r.roles)} | {phase} "
+                  f"| {(r.produce if key == 'produce' else r.consume):,.0f} "
+                  f"| {' / '.join(f'{c:.1f}' for c in each)} | {shares} "
+                  f"| {fleet_us:.0f} ({fleet_us / base[phase]:.2f}x) "
+                  f"| {r.forwards / args.messages / 2:.3f} "
+                  f"| {r.puts[key] / args.messages:.4f} | {check} |")
+    for phase, key in (("produce", "produce"), ("lease+complete", "drain")):
+        per = {(n, p): statistics.median(
+            sum(r.cpu[key][f"node {k}"] for k in range(1, n + 1)) / args.messages * 1e6
+            for r in results if (r.nodes, r.partitions) == (n, p))
+            for n, p in sorted({(r.nodes, r.partitions) for r in results})}
+        first = (results[0].nodes, results[0].partitions)
+        print(f"\n{phase}: fleet CPU per message, median: " + ", ".join(
+            f"{n} nodes x {p} partitions {us:.1f} µs ({us / per[first]:.2f}x)"
+            for (n, p), us in per.items()))
+
+
 # -- main -------------------------------------------------------------------------------
 
 
@@ -875,7 +986,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--sequencer", default="off,on", help="off, on or off,on")
     parser.add_argument("--messages", type=int, help="messages per throughput run (20000)")
     parser.add_argument("--phases", default="table,idle,failover",
-                        help="any of table, idle, failover, shards, comma-separated")
+                        help="any of table, idle, failover, shards, partitions, "
+                        "comma-separated")
     parser.add_argument("--mixed-seconds", type=float, help="length of the mixed phase (30)")
     parser.add_argument("--rate", type=float, default=1000.0, help="mixed phase msg/s offered")
     parser.add_argument("--mixed-batch", type=int, default=BATCH, help="mixed phase produce batch")
@@ -889,6 +1001,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--failover-rate", type=float, default=40.0,
                         help="keyed msg/s during failover")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds to settle")
+    parser.add_argument("--setups", default="1x1,2x2", help="partitions: NODESxPARTITIONS "
+                        "runs, comma-separated; the first is the baseline")
+    parser.add_argument("--rounds", type=int, default=2, help="partitions: rounds of the "
+                        "setups, and the first once more at the end")
+    parser.add_argument("--workers", type=int, default=WORKERS, help="producers and "
+                        f"consumers of the driver (default {WORKERS}, the race's)")
     parser.add_argument("--quick", action="store_true", help="a smoke test of ~2 minutes")
     args = parser.parse_args()
     for name, value in (QUICK if args.quick else FULL).items():
@@ -905,7 +1023,9 @@ def arguments() -> argparse.Namespace:
 
 
 async def main() -> None:
+    global WORKERS
     args = arguments()
+    WORKERS = args.workers
     phases = args.phases.split(",")
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="okq-bench-fleet-") as tmp:
@@ -933,6 +1053,15 @@ async def main() -> None:
                     sharded.append(await shards_run(shards, args))
                     print(f"  shards: {shards}: done", flush=True)
                 print_shards(sharded, args)
+            if "partitions" in phases:
+                spread = []
+                setups = [tuple(int(x) for x in s.split("x")) for s in args.setups.split(",")]
+                runs = [r for _ in range(args.rounds) for r in setups] + setups[:1]
+                for nodes, partitions in runs:
+                    spread.append(await partitions_run(nodes, partitions, args, http))
+                    print(f"  partitions: {nodes} nodes, {partitions} partitions: done",
+                          flush=True)
+                print_partitions(spread, args)
     print(f"\n(whole run {time.monotonic() - began:,.0f} s)")
 
 

@@ -20,13 +20,19 @@ this in each. Under valgrind a node is about 50 times slower: a run takes one
 to three minutes.
 
     python benchmarks/bench_node_instructions.py [--messages 2000] [--store file|memory]
-        [--batch 100] [--client]
+        [--batch 100] [--client] [--partitions 1] [--sequencer] [--nodes 1]
+        [--workers 1]
+
+With ``--nodes 2 --sequencer --partitions 2 --workers 4`` it counts a fleet of two
+nodes serving one queue of two partitions (each node claims the partition it first
+writes), against ``--nodes 1 --sequencer --workers 4`` for one node.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -63,27 +69,54 @@ def dumped(out: Path, name: str) -> int:
     raise RuntimeError(f"no callgrind dump {name!r} beside {out}")
 
 
-async def drive(url: str, messages: int, node_pid: int, client_pid: int | None) -> None:
-    """Warm up, then each phase alone with collection on in the node (and client)."""
-    pids = [node_pid] + ([client_pid] if client_pid else [])
-    async with Client(url, timeout=600) as client:
+async def claim(clients: list[Client], queue: str, urls: list[str]) -> None:
+    """Two produces through each node in turn: in sequencer mode a node that finds the
+    queue's partition held takes the next unheld one (okq.partitions). Says who holds
+    what."""
+    for _ in range(2):
+        for c in clients:
+            await c.produce(queue, [PAYLOAD] * BATCH)
+    if len(urls) > 1:
+        for url in urls:
+            with urllib.request.urlopen(f"{url}/health", timeout=60) as r:
+                print(f"{url}: roles {json.loads(r.read()).get('roles')}")
+
+
+async def drive(urls: list[str], messages: int, node_pids: list[int],
+                client_pid: int | None, partitions: int = 1, workers: int = 1) -> None:
+    """Warm up, then each phase alone with collection on in the nodes (and client):
+    ``workers`` producers, then as many consumers, worker k calling node k (mod the
+    nodes)."""
+    pids = node_pids + ([client_pid] if client_pid else [])
+    clients = [Client(url, timeout=600) for url in urls]
+    try:
         queue = f"q{uuid.uuid4().hex[:8]}"
-        await client.create_queue(queue)
+        await clients[0].create_queue(queue, partitions=partitions)
 
         async def produce(n: int) -> None:
-            for _ in range(n // BATCH):
-                await client.produce(queue, [PAYLOAD] * BATCH)
+            async def producer(k: int) -> None:
+                for _ in range(n // BATCH // workers):
+                    await clients[k % len(clients)].produce(queue, [PAYLOAD] * BATCH)
+            await asyncio.gather(*(producer(k) for k in range(workers)))
 
         async def consume(n: int) -> None:
             done = 0
-            while done < n:
-                got = await client.lease(queue, BATCH, request_timeout=0.5)
-                if got:
-                    await client.complete(queue, [i.token for i in got])
-                    done += len(got)
 
-        await produce(5 * BATCH)  # warm-up: first calls, caches, the queue's first segments
-        await consume(5 * BATCH)
+            async def consumer(k: int) -> None:
+                nonlocal done
+                client = clients[k % len(clients)]
+                while done < n:
+                    got = await client.lease(queue, BATCH, request_timeout=0.5)
+                    if got:
+                        await client.complete(queue, [i.token for i in got])
+                        done += len(got)
+            await asyncio.gather(*(consumer(k) for k in range(workers)))
+
+        # warm-up: first calls, caches, the queue's first segments; with several
+        # nodes in sequencer mode each claims the partition it first finds unheld
+        await claim(clients, queue, urls)
+        await produce(5 * BATCH * workers)
+        await consume(5 * BATCH * workers)
         for phase, work in (("produce", produce), ("lease+complete", consume)):
             for pid in pids:
                 control(pid, "-z")
@@ -92,6 +125,9 @@ async def drive(url: str, messages: int, node_pid: int, client_pid: int | None) 
             for pid in pids:
                 control(pid, "-d", phase.replace("+", "-"))
                 control(pid, "-i", "off")
+    finally:
+        for c in clients:
+            await c.close()
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
@@ -121,53 +157,83 @@ def main() -> None:
                         help="messages per produce and per lease (default 100)")
     parser.add_argument("--client", action="store_true",
                         help="count the client's instructions too (the driver under callgrind)")
-    parser.add_argument("--url", help=argparse.SUPPRESS)  # the driver's own run
-    parser.add_argument("--node-pid", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--partitions", type=int, default=1,
+                        help="the queue's partitions (okq.partitions; default 1)")
+    parser.add_argument("--sequencer", action="store_true",
+                        help="the node in sequencer mode with a shard per partition (it "
+                        "holds them all)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="nodes on one store (several: with --sequencer), each under "
+                        "callgrind; the count is the fleet's")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="producers, then consumers, worker k on node k (default 1)")
+    parser.add_argument("--url", action="append", help=argparse.SUPPRESS)  # the driver's run
+    parser.add_argument("--node-pid", type=int, action="append", help=argparse.SUPPRESS)
     args = parser.parse_args()
     BATCH = args.batch
     args.messages -= args.messages % BATCH
     if args.url:  # the driver, itself under callgrind
-        asyncio.run(drive(args.url, args.messages, args.node_pid, os.getpid()))
+        asyncio.run(drive(args.url, args.messages, args.node_pid, os.getpid(),
+                          args.partitions, args.workers))
         return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
         store = "memory://" if args.store == "memory" else f"file://{work / 'store'}"
-        node_out, log = work / "callgrind.node", work / "node.log"
         env = {**os.environ, "OKQ_SIGNING_KEYS": KEYS}
-        with open(log, "wb") as sink:
-            node = subprocess.Popen(
-                callgrind(node_out, [sys.executable, "-m", "okq.cli", "serve", "--store", store,
-                                     "--port", str(port), "--log-level", "WARNING"]),
-                stdout=sink, stderr=subprocess.STDOUT, env=env)
+        nodes: list[subprocess.Popen[bytes]] = []
+        urls: list[str] = []
+        outs: list[Path] = []
         try:
-            wait_healthy(url, node, log, 300)
+            for k in range(args.nodes):
+                port = free_port()
+                urls.append(f"http://127.0.0.1:{port}")
+                outs.append(work / f"callgrind.node{k}")
+                log = work / f"node{k}.log"
+                with open(log, "wb") as sink:
+                    nodes.append(subprocess.Popen(
+                        callgrind(outs[k], [
+                            sys.executable, "-m", "okq.cli", "serve", "--store", store,
+                            "--port", str(port), "--log-level", "WARNING",
+                            *(["--sequencer", "--sequencer-shards", str(args.partitions)]
+                              if args.sequencer else [])]),
+                        stdout=sink, stderr=subprocess.STDOUT, env=env))
+                wait_healthy(urls[k], nodes[k], log, 300)
             began = time.monotonic()
             client_out = work / "callgrind.client"
+            pids = [n.pid for n in nodes]
             if args.client:
                 subprocess.run(callgrind(client_out, [
-                    sys.executable, __file__, "--messages", str(args.messages), "--url", url,
-                    "--batch", str(BATCH),
-                    "--node-pid", str(node.pid)]), check=True, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL)
+                    sys.executable, __file__, "--messages", str(args.messages),
+                    "--batch", str(BATCH), "--partitions", str(args.partitions),
+                    "--workers", str(args.workers),
+                    *(a for url in urls for a in ("--url", url)),
+                    *(a for pid in pids for a in ("--node-pid", str(pid)))]),
+                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             else:
-                asyncio.run(drive(url, args.messages, node.pid, None))
+                asyncio.run(drive(urls, args.messages, pids, None, args.partitions,
+                                  args.workers))
             took = time.monotonic() - began
         finally:
-            node.terminate()
-            node.wait(60)
-        print(f"{args.messages:,} messages, batches of {BATCH}, 1 KiB, {args.store} store "
-              f"({took:.0f} s under callgrind)")
-        print(f"{'phase':<16} {'node instr/msg':>15}" + (f" {'client instr/msg':>17}"
-                                                         if args.client else ""))
+            for node in nodes:
+                node.terminate()
+                node.wait(60)
+        print(f"{args.messages:,} messages, batches of {BATCH}, 1 KiB, {args.store} store, "
+              f"{args.nodes} node(s), {args.partitions} partition(s)"
+              f"{', sequencer' if args.sequencer else ''}, {args.workers} producer(s) then "
+              f"consumer(s) ({took:.0f} s under callgrind)")
+        each = " / ".join(f"node {k + 1}" for k in range(args.nodes))
+        print(f"{'phase':<16} {'node instr/msg':>15}"
+              + (f"  ({each})" if args.nodes > 1 else "")
+              + (f" {'client instr/msg':>17}" if args.client else ""))
         for phase in PHASES:
             name = phase.replace("+", "-")
-            line = f"{phase:<16} {dumped(node_out, name) / args.messages:>15,.0f}"
+            counts = [dumped(out, name) / args.messages for out in outs]
+            line = f"{phase:<16} {sum(counts):>15,.0f}"
+            if args.nodes > 1:
+                line += "  (" + " / ".join(f"{c:,.0f}" for c in counts) + ")"
             if args.client:
                 line += f" {dumped(client_out, name) / args.messages:>17,.0f}"
             print(line)
-
 
 if __name__ == "__main__":
     main()

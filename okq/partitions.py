@@ -77,7 +77,7 @@ R = TypeVar("R")
 COUNT_MAX_AGE = 5.0
 #: Every this many leases of a queue, one starts from the rotation over all its
 #: partitions rather than from those this node holds.
-FAIR_EVERY = 4
+FAIR_EVERY = 16
 #: Token heads remembered (a head names a segment's partition).
 _HEADS_MAX = 8192
 
