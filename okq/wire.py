@@ -401,7 +401,7 @@ class QueueInfoOut(Reply):
     max_attempts: int
     dead_queue: str | None
     retention_dead_letter: bool
-    partitions: int
+    partitions: int = 1  # absent from the replies of okq before partitions
     created_at: datetime
     segments: int
     produced: int

@@ -168,7 +168,7 @@ class Profile:
 
 
 CAMPAIGN_CHUNK = 4  # segments per manifest chunk in the campaign's fleet
-SHORT = Profile("short", seconds=7, drain=60, stop_rounds=2,
+SHORT = Profile("short", seconds=6, drain=60, stop_rounds=2,
                 store=StoreFaults(timeout=0.05, timeout_landed=0.05, timeouts_max=2))
 LONG = Profile("long", seconds=100, drain=180, stop_rounds=5, s3_restarts=3, hang_seconds=60,
                cutoff_seconds=2 * ROLE_TTL + 10, store=StoreFaults(timeouts_max=12),

@@ -105,6 +105,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 #: a CLI file along.
 LONG_FILES = (
     "acceptance/test_campaign.py",
+    "acceptance/test_fleet.py",
     "acceptance/cli/test_connect_and_queues.py",
     "acceptance/test_campaign_direct.py",
     "acceptance/cli/test_lease_and_stats.py",

@@ -29,6 +29,8 @@ def queue_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dead-queue", help="the dead-letter queue"),
         click.option("--retention-dead-letter/--no-retention-dead-letter", default=None,
                      help="move expired items to the dead-letter queue"),
+        click.option("--partitions", type=int, help="partitions the queue is spread over, "
+                     "so that several nodes serve it (raised, never lowered)"),
     ]):
         fn = opt(fn)
     return fn

@@ -20,10 +20,12 @@ def show_payload(item: s.LeasedItemOut | s.ItemOut) -> str:
 
 
 def info_table(infos: list[s.QueueInfoOut]) -> Table:
-    t = Table("queue", "lease timeout", "retention", "max attempts", "dead queue", "produced")
+    t = Table("queue", "lease timeout", "retention", "max attempts", "dead queue", "partitions",
+              "produced")
     for i in infos:
         t.add_row(i.name, f"{i.lease_timeout:g}s", f"{i.retention:g}s",
-                  str(i.max_attempts or "unlimited"), i.dead_queue or "-", str(i.produced))
+                  str(i.max_attempts or "unlimited"), i.dead_queue or "-", str(i.partitions),
+                  str(i.produced))
     return t
 
 

@@ -394,13 +394,21 @@ def _check(load: Load) -> None:
 # -- (c) a node SIGKILLed under load -----------------------------------------------------------
 
 
-async def _hold(node: FleetNode, queue: str, count: int) -> list[LeasedItemOut]:
+async def _hold(node: FleetNode, queue: str, count: int,
+                history: History) -> list[LeasedItemOut]:
     """Lease ``count`` items through ``node`` and never finish them: a consumer that
-    dies with its node."""
+    dies with its node. Each lease's deliveries are recorded as it returns (with the
+    time it was called): a lease may bring fewer than asked, and its items may be
+    leased again once their lease ends while the next call waits for the rest."""
     async with Client(node.url, timeout=10) as c:
         held: list[LeasedItemOut] = []
         while len(held) < count:
-            held += await c.lease(queue, count - len(held), request_timeout=2)
+            invoked = history.clock()
+            got = await c.lease(queue, count - len(held), request_timeout=2)
+            for item in got:
+                history.delivered(item.id, item.token, item.attempts, key=item.utf8,
+                                  invoked=invoked, deadline=item.lease_deadline.timestamp())
+            held += got
         return held
 
 
@@ -411,10 +419,7 @@ async def test_a_node_killed_under_load_loses_nothing(fleet: LocalFleet) -> None
     load.start()
     try:
         await asyncio.sleep(2)
-        held = await _hold(victim, load.queue, 10)
-        for item in held:
-            load.history.delivered(item.id, item.token, item.attempts, key=item.utf8,
-                                   deadline=item.lease_deadline.timestamp())
+        held = await _hold(victim, load.queue, 10, load.history)
         victim.kill(signal.SIGKILL)
         killed = time.monotonic()
         assert not victim.alive()

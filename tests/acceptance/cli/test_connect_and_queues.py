@@ -80,7 +80,7 @@ def test_queues_create_list_info_update_delete(cli: Cli) -> None:
     cli.ok("queues", "create", "qa-dead")
     run = cli.ok("queues", "create", "qa", "--lease-timeout", "7", "--max-attempts", "3",
                  "--dead-queue", "qa-dead", "--retention", "3600")
-    assert rows(run.out) == [["qa", "7s", "3600s", "3", "qa-dead", "0"]]
+    assert rows(run.out) == [["qa", "7s", "3600s", "3", "qa-dead", "1", "0"]]
 
     info = cli.js("queues", "info", "qa")
     assert {k: info[k] for k in ("name", "lease_timeout", "retention", "max_attempts",
@@ -88,7 +88,7 @@ def test_queues_create_list_info_update_delete(cli: Cli) -> None:
         "name": "qa", "lease_timeout": 7.0, "retention": 3600.0, "max_attempts": 3,
         "dead_queue": "qa-dead", "retention_dead_letter": False, "produced": 0}
     assert rows(cli.ok("queues", "info", "qa-dead").out) == [
-        ["qa-dead", "30s", "345600s", "unlimited", "-", "0"]]
+        ["qa-dead", "30s", "345600s", "unlimited", "-", "1", "0"]]
 
     listed = {q["name"]: q for q in cli.js("queues", "list")}
     assert {"qa", "qa-dead"} <= listed.keys() and listed["qa"]["max_attempts"] == 3
@@ -96,10 +96,13 @@ def test_queues_create_list_info_update_delete(cli: Cli) -> None:
     updated = cli.js("queues", "update", "qa", "--max-attempts", "5", "--lease-timeout", "9")
     assert (updated["max_attempts"], updated["lease_timeout"], updated["dead_queue"]) == (
         5, 9.0, "qa-dead")  # settings not given keep their values
-    run = cli.ok("queues", "update", "qa", "--no-retention-dead-letter")
-    assert rows(run.out) == [["qa", "9s", "3600s", "5", "qa-dead", "0"]]
+    run = cli.ok("queues", "update", "qa", "--no-retention-dead-letter", "--partitions", "3")
+    assert rows(run.out) == [["qa", "9s", "3600s", "5", "qa-dead", "3", "0"]]
+    assert [q["name"] for q in cli.js("queues", "list")].count("qa") == 1  # its partitions
     cli.many_fail([
         (("queues", "update", "qa"), 2, "give at least one setting to change"),
+        (("queues", "update", "qa", "--partitions", "2"), 1,
+         "error: partitions can be raised, not lowered: the queue has 3"),
         (("queues", "create", "qa"), 1, "error: queue 'qa' already exists"),
         (("queues", "create", "bad name!"), 1, "name: String should match pattern"),
     ])
