@@ -28,7 +28,9 @@ operation on it into operations on its partitions (docs/DESIGN.md, "Partitions")
   token of a batch is verified before any is acted on;
 - purge, stats, browse, redrive, info, listing, update and delete see the queue
   whole. A queue's ``partitions`` is read from partition 0's manifest, cached for
-  ``COUNT_MAX_AGE`` seconds.
+  ``COUNT_MAX_AGE`` seconds. Partition 0 is created last and deleted last, so a
+  queue that is listed has every partition it counts, and a partition found
+  already there is kept, never emptied.
 
 A forward from another node is a partition's already, and an operation on a queue
 of one partition passes straight through.
@@ -56,6 +58,7 @@ from okq.errors import (
     OkqError,
     OutcomeUnknown,
     QueueExists,
+    QueueInUse,
     QueueNotFound,
 )
 from okq.keys import PARTITION_SEP, partition_name, split_partition
@@ -547,27 +550,37 @@ class Spread:
         return moved
 
     async def _delete(self, op: ops.DeleteQueue, ctx: ops.Context, n: int) -> None:
-        """The queue first (refused while it is a dead queue), then its partitions: a
-        crash between leaves partitions no queue lists, which a create of the same
-        name empties."""
-        await self.inner.handle(op, ctx)
-        self._counts.pop(op.queue, None)
+        """Refused while the queue is another's dead queue (as on a queue of one);
+        else its other partitions first, then partition 0 with the queue's name: a
+        delete cut short leaves the queue there, to be deleted again, and never a
+        partition of a queue that is gone."""
+        infos: list[QueueInfo] = await self.inner.handle(ops.QueueInfos(), ctx)
+        users = [i.name for i in infos
+                 if i.config.dead_queue == op.queue and PARTITION_SEP not in i.name]
+        if users:
+            named = ", ".join(repr(u) for u in users)
+            raise QueueInUse(
+                f"queue {op.queue!r} is the dead_queue of {named}: point their dead_queue "
+                f"elsewhere or delete them first; nothing was deleted",
+                queue=op.queue, used_by=users)
         for p in range(1, n):
             try:
                 await self.inner.handle(ops.DeleteQueue(partition_name(op.queue, p)), ctx)
             except QueueNotFound:
                 pass
+        await self.inner.handle(op, ctx)
+        self._counts.pop(op.queue, None)
 
-    async def _fresh_partition(self, name: str, config: QueueConfig, ctx: ops.Context) -> None:
-        """Create partition ``name``; one left by a queue deleted or a create cut short
-        is deleted and made again (empty)."""
+    async def _ensure_partition(self, name: str, config: QueueConfig,
+                                ctx: ops.Context) -> None:
+        """Create partition ``name``, or give the one there ``config``. One there is
+        kept, never emptied: it is left by a create or a raise cut short (nothing was
+        ever published to it) or made by another create or raise at the same time."""
         try:
             await self.inner.handle(ops.CreateQueue(name, config), ctx)
-            return
         except QueueExists:
-            pass
-        await self.inner.handle(ops.DeleteQueue(name), ctx)
-        await self.inner.handle(ops.CreateQueue(name, config), ctx)
+            changes = config.model_dump(exclude={"partitions", "attributes"})
+            await self.inner.handle(ops.UpdateQueue(name, changes), ctx)
 
     @staticmethod
     def _partition_config(config: QueueConfig) -> QueueConfig:
@@ -588,7 +601,7 @@ class Spread:
         else:
             raise QueueExists(f"queue {op.queue!r} already exists", queue=op.queue)
         part = self._partition_config(op.config)
-        await asyncio.gather(*(self._fresh_partition(partition_name(op.queue, p), part, ctx)
+        await asyncio.gather(*(self._ensure_partition(partition_name(op.queue, p), part, ctx)
                                for p in range(1, n)))
         info = await self.inner.handle(op, ctx)  # last: a queue is there with all its partitions
         self._note(op.queue, n)
@@ -605,7 +618,7 @@ class Spread:
             raise InvalidRequest(f"partitions can be raised, not lowered: the queue has {n}",
                                  field="partitions")
         part = self._partition_config(merged)
-        await asyncio.gather(*(self._fresh_partition(partition_name(op.queue, p), part, ctx)
+        await asyncio.gather(*(self._ensure_partition(partition_name(op.queue, p), part, ctx)
                                for p in range(n, merged.partitions)))
         await self.inner.handle(op, ctx)
         self._note(op.queue, merged.partitions)

@@ -25,6 +25,7 @@ from okq.errors import (
     OkqError,
     OutcomeUnknown,
     QueueExists,
+    QueueInUse,
     QueueNotFound,
 )
 from okq.keys import manifest_key, manifests_prefix, partition_name
@@ -547,42 +548,58 @@ async def test_delete_removes_every_partition(engine: Engine, service: QueueServ
 
 
 @BOTH
-async def test_creating_again_after_a_delete_cut_short_gives_an_empty_queue(
+async def test_a_delete_cut_short_leaves_the_queue_to_delete_again(
     engine: Engine, service: QueueService
 ) -> None:
-    """A delete that removed the queue (partition 0) and died before its partitions:
-    they are listed as no queue, and a create of the name empties them."""
+    """A delete removes the other partitions before partition 0: cut short after
+    ``q~2`` went, the queue is still there (listed, its items in ``q~1`` and ``q``),
+    and the delete repeated removes the rest; never a partition of a queue that is
+    gone."""
     await create(service, partitions=3)
-    keys = [key_in(p, 3) for p in range(3)]
-    await service.produce("q", [NewItem(b"old", key=k) for k in keys])
-    await engine.delete_queue("q")
-    assert await manifests(engine) == ["q~1", "q~2"]
-    restarted = QueueService(engine)  # as a node that starts after the crash
+    await service.produce("q", [NewItem(b"x", key=key_in(p, 3)) for p in range(3)])
+    await engine.delete_queue("q~2")  # the crash, after the first partition's delete
+    restarted = QueueService(engine)  # as a node that starts after it
+    assert await restarted.queue_names() == ["q"]
+    assert (await engine.stats("q~1")).available == 1
+    await restarted.delete_queue("q")
+    assert await manifests(engine) == []
     assert await restarted.queue_names() == []
-    await create(restarted, partitions=3)
-    stats = await restarted.stats("q")
-    assert (stats.available, stats.segments) == (0, 0)
-    assert await restarted.lease("q", 10) == []
-    ids = await restarted.produce("q", [NewItem(b"new", key=k) for k in keys])
-    assert ids.duplicates == 0  # type: ignore[attr-defined]
-    assert [i.payload for i in await restarted.lease("q", 10)] == [b"new"] * 3
 
 
-async def test_a_partition_left_behind_is_emptied_when_partitions_are_raised_to_it(
+async def test_a_delete_of_a_dead_queue_is_refused_before_any_partition_goes(
     engine: Engine, service: QueueService
 ) -> None:
-    await create(service, partitions=3)
-    await service.produce("q", [NewItem(b"old", key=key_in(2, 3))])
-    await engine.delete_queue("q")  # the crash: q~1 and q~2 are left
-    restarted = QueueService(engine)
-    await create(restarted, partitions=2)  # q~1 made again; q~2 still left over
-    assert (await engine.stats("q~2")).available == 1
-    [info] = await restarted.queues()  # the leftover is not counted in the queue
-    assert (info.name, info.config.partitions, info.produced) == ("q", 2, 0)
-    assert (await restarted.stats("q")).available == 0
-    await restarted.update_queue("q", partitions=3)
-    assert (await engine.stats("q~2")).available == 0
-    assert await restarted.lease("q", 10) == []
+    await create(service, "dead", partitions=2)
+    await create(service, "work", partitions=2, dead_queue="dead")
+    with pytest.raises(QueueInUse) as err:
+        await service.delete_queue("dead")
+    assert err.value.details["used_by"] == ["work"]
+    assert {"dead", "dead~1"} <= set(await manifests(engine))
+
+
+async def test_a_partition_left_by_a_create_cut_short_is_kept_and_given_the_config(
+    engine: Engine, service: QueueService
+) -> None:
+    """A create that made ``q~1`` and died before ``q``: the next create keeps the
+    partition (nothing was ever published to it; another create at the same moment
+    may be using it) and gives it the queue's settings."""
+    await engine.create_queue("q~1", QueueConfig(lease_timeout=99))
+    await create(service, partitions=3, lease_timeout=7)
+    assert (await engine.get_queue("q~1")).config.lease_timeout == 7
+    assert await manifests(engine) == ["q", "q~1", "q~2"]
+    [info] = await service.queues()
+    assert (info.name, info.config.partitions) == ("q", 3)
+
+
+async def test_a_partition_left_by_a_raise_cut_short_is_kept(
+    engine: Engine, service: QueueService
+) -> None:
+    await create(service, partitions=2, lease_timeout=5)
+    await engine.create_queue("q~2", QueueConfig())  # a raise that died before partition 0
+    assert (await service.queue("q")).config.partitions == 2
+    await service.update_queue("q", partitions=3)
+    assert (await engine.get_queue("q~2")).config.lease_timeout == 5
+    assert (await service.queue("q")).config.partitions == 3
 
 
 # -- long polls ----------------------------------------------------------------------------
