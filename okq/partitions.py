@@ -432,13 +432,24 @@ class Spread:
                             "lease was lost", failed=failed)
         return None
 
-    def _retry(self, op: ops.RetryItems, ctx: ops.Context) -> Awaitable[ops.RetryOutcome]:
-        groups = self._partitions(op.queue, [r.token for r in op.retries])
+    def _by_tokens(self, op: ops.Op[R], ctx: ops.Context, tokens: Sequence[str],
+                   spread: Callable[[dict[str, list[int]]], Awaitable[R]]) -> Awaitable[R]:
+        """``op`` on the queue its tokens name: passed on as it is when they name the
+        queue itself, retargeted when they all name one partition, else ``spread``
+        over the partitions they name (entries by partition)."""
+        groups = self._partitions(op.queue, tokens)
         if groups is None:
             return self.inner.handle(op, ctx)
         if len(groups) == 1:
-            return self.inner.handle(ops.RetryItems(next(iter(groups)), op.retries), ctx)
-        return self._retry_spread(op, ctx, groups)
+            # Every operation is a frozen dataclass; Op, their base, is not one itself.
+            retargeted: ops.Op[R] = dataclasses.replace(  # type: ignore[type-var]
+                op, queue=next(iter(groups)))
+            return self.inner.handle(retargeted, ctx)
+        return spread(groups)
+
+    def _retry(self, op: ops.RetryItems, ctx: ops.Context) -> Awaitable[ops.RetryOutcome]:
+        return self._by_tokens(op, ctx, [r.token for r in op.retries],
+                               lambda groups: self._retry_spread(op, ctx, groups))
 
     async def _retry_spread(self, op: ops.RetryItems, ctx: ops.Context,
                             groups: dict[str, list[int]]) -> ops.RetryOutcome:
@@ -458,12 +469,8 @@ class Spread:
         return outcome
 
     def _give_back(self, op: ops.GiveBack, ctx: ops.Context) -> Awaitable[None]:
-        groups = self._partitions(op.queue, [i.token for i in op.items])
-        if groups is None:
-            return self.inner.handle(op, ctx)
-        if len(groups) == 1:
-            return self.inner.handle(ops.GiveBack(next(iter(groups)), op.items), ctx)
-        return self._give_back_spread(op, ctx, groups)
+        return self._by_tokens(op, ctx, [i.token for i in op.items],
+                               lambda groups: self._give_back_spread(op, ctx, groups))
 
     async def _give_back_spread(self, op: ops.GiveBack, ctx: ops.Context,
                                 groups: dict[str, list[int]]) -> None:
@@ -472,13 +479,8 @@ class Spread:
             for name, where in groups.items()))
 
     def _check_tokens(self, op: ops.CheckTokens, ctx: ops.Context) -> Awaitable[None]:
-        groups = self._partitions(op.queue, op.tokens)
-        if groups is None:
-            return self.inner.handle(op, ctx)
-        if len(groups) == 1:
-            return self.inner.handle(ops.CheckTokens(next(iter(groups)), op.tokens, op.pattern),
-                                     ctx)
-        return self._check_spread(op, ctx, groups)
+        return self._by_tokens(op, ctx, op.tokens,
+                               lambda groups: self._check_spread(op, ctx, groups))
 
     async def _check_spread(self, op: ops.CheckTokens, ctx: ops.Context,
                             groups: dict[str, list[int]]) -> None:

@@ -162,9 +162,10 @@ class Profile:
     cutoff_seconds: float = ROLE_TTL + 5
     #: ``name`` runs on the sequencer-mode fleet, ``name@direct`` on a second fleet
     #: without it, where every node takes lease decisions by its own clock.
-    #: ``name:P`` runs it on a queue of P partitions (okq.partitions).
-    scenarios: tuple[str, ...] = ("store", "kill", "kill:2", "stop", "s3-restart",
-                                  "clock@direct", "store:2@direct")
+    #: ``name:P`` runs it on a queue of P partitions (okq.partitions): the short form
+    #: kills nodes under a queue of 2 (test_fleet.py kills them under queues of 1 and
+    #: of 3); the long form runs every scenario both ways.
+    scenarios: tuple[str, ...] = ("store", "kill:2", "stop", "s3-restart", "clock@direct")
 
 
 CAMPAIGN_CHUNK = 4  # segments per manifest chunk in the campaign's fleet

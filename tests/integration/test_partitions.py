@@ -291,6 +291,14 @@ async def _bad_token(how: str, service: QueueService, good: list[str]) -> str:
     return good[1]
 
 
+async def bad_batch(service: QueueService, how: str) -> tuple[list[str], list[str]]:
+    """Four good tokens of two partitions, and a batch of them with a bad one (``how``)
+    at index 3."""
+    mine, second = await two_by_two(service)
+    good = [mine[0].token, second[0].token, mine[1].token, second[1].token]
+    return good, [*good[:3], await _bad_token(how, service, good), good[3]]
+
+
 BAD = pytest.mark.parametrize("how", ["garbage", "tampered", "other namespace", "other queue",
                                       "repeated"])
 
@@ -299,9 +307,7 @@ BAD = pytest.mark.parametrize("how", ["garbage", "tampered", "other namespace", 
 async def test_a_bad_token_in_a_complete_is_named_by_its_index_and_nothing_is_done(
     service: QueueService, how: str
 ) -> None:
-    mine, second = await two_by_two(service)
-    good = [mine[0].token, second[0].token, mine[1].token, second[1].token]
-    batch = [*good[:3], await _bad_token(how, service, good), good[3]]
+    good, batch = await bad_batch(service, how)
     with pytest.raises((InvalidToken, InvalidRequest)) as err:
         await service.complete("q", batch)
     assert err.value.details["field"] == "tokens[3]"
@@ -316,9 +322,7 @@ async def test_a_bad_token_in_a_complete_is_named_by_its_index_and_nothing_is_do
 async def test_a_bad_token_in_a_retry_or_check_is_named_by_its_index(
     service: QueueService, how: str
 ) -> None:
-    mine, second = await two_by_two(service)
-    good = [mine[0].token, second[0].token, mine[1].token, second[1].token]
-    batch = [*good[:3], await _bad_token(how, service, good), good[3]]
+    good, batch = await bad_batch(service, how)
     with pytest.raises((InvalidToken, InvalidRequest)) as err:
         await service.retry("q", [Retry(t) for t in batch])
     assert err.value.details["field"] == "items[3].token"
