@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from okq.errors import FormatError, OkqError
 from okq.keys import check_name, new_segment_id
@@ -68,6 +68,11 @@ class QueueConfig(BaseModel):
         description="partitions the queue is spread over (okq.partitions); raised, never "
         "lowered",
     )
+    read_only: list[int] = Field(
+        default_factory=list,
+        description="partitions that take no new items (okq.partitions): they are "
+        "drained by leases, and a key goes to one of the others",
+    )
     attributes: dict[str, str] = Field(
         default_factory=dict,
         description="front ends' own settings of the queue (the SQS API's attributes and "
@@ -78,6 +83,18 @@ class QueueConfig(BaseModel):
     @classmethod
     def _dead_queue_name(cls, value: str | None) -> str | None:
         return None if value is None else check_name(value, "dead_queue")
+
+    @field_validator("read_only")
+    @classmethod
+    def _read_only_partitions(cls, ro: list[int], info: ValidationInfo) -> list[int]:
+        partitions = info.data.get("partitions", 1)  # declared before: checked first
+        if any(not 0 <= p < partitions for p in ro):
+            raise ValueError(f"read_only names partitions 0 to {partitions - 1} only; "
+                             f"got {ro}")
+        if len(set(ro)) != len(ro) or len(ro) >= partitions:
+            raise ValueError("read_only names each partition once, and leaves at least one "
+                             f"of the {partitions} taking items; got {ro}")
+        return sorted(ro)
 
     @property
     def lease_ms(self) -> int:
@@ -326,14 +343,16 @@ def unpack_object(kind: str, data: bytes,
 
 
 def _config_dump(config: QueueConfig) -> dict[str, Any]:
-    """The config as a manifest keeps it: without ``attributes`` while there are
-    none and without ``partitions`` while there is one, so that okq versions that
-    know no such field still read the queue."""
+    """The config as a manifest keeps it: without ``attributes`` or ``read_only``
+    while there are none and without ``partitions`` while there is one, so that okq
+    versions that know no such field still read the queue."""
     dump = config.model_dump()
     if not dump["attributes"]:
         del dump["attributes"]
     if dump["partitions"] == 1:
         del dump["partitions"]
+    if not dump["read_only"]:
+        del dump["read_only"]
     return dump
 
 

@@ -9,7 +9,8 @@ partition 0), so different nodes hold different partitions of one queue and a
 fleet adds throughput to it. Users name only the queue; this layer turns each
 operation on it into operations on its partitions (docs/DESIGN.md, "Partitions"):
 
-- produce: a batch without idempotency keys goes whole to one partition: one this
+- produce (only into partitions not ``read_only``; those are drained by leases):
+  a batch without idempotency keys goes whole to one partition: one this
   node holds (the one with the fewest items waiting to be published here), else
   one whose holder this node does not know yet (it claims the role or learns the
   holder), else the next in turn. Items with keys go to the partition their key
@@ -144,6 +145,7 @@ class Spread:
         self.engine = engine
         self.sequencer = sequencer
         self._counts: dict[str, tuple[int, float]] = {}  # queue -> (partitions, until)
+        self._read_only: dict[str, frozenset[int]] = {}  # queue -> partitions taking none
         self._heads: dict[str, str | None] = {}  # token head -> the queue it names
         self._turns: dict[str, int] = {}  # queue -> operations that took a turn
         self._woken: dict[str, asyncio.Event] = {}  # queue -> set on a wake-up
@@ -219,11 +221,23 @@ class Spread:
             info: QueueInfo = await self.inner.handle(ops.GetQueue(queue, max_age), ops.SYSTEM)
         except QueueNotFound:
             return 1
-        self._note(queue, info.config.partitions)
+        self._note(queue, info.config)
         return info.config.partitions
 
-    def _note(self, queue: str, n: int) -> None:
-        self._counts[queue] = (n, time.monotonic() + COUNT_MAX_AGE)
+    def _note(self, queue: str, config: QueueConfig) -> None:
+        self._counts[queue] = (config.partitions, time.monotonic() + COUNT_MAX_AGE)
+        if config.read_only or queue in self._read_only:
+            self._read_only[queue] = frozenset(config.read_only)
+
+    def _open(self, queue: str, n: int) -> list[int]:
+        """The partitions of ``queue`` (of ``n``) that take new items."""
+        ro = self._read_only.get(queue)
+        return [p for p in range(n) if p not in ro] if ro else list(range(n))
+
+    def _key_partition(self, queue: str, n: int, key: str) -> int:
+        """The partition a key goes to: one of those taking new items."""
+        open_ = self._open(queue, n)
+        return open_[key_partition(key, len(open_))]
 
     def _turn(self, queue: str) -> int:
         n = self._turns.get(queue, -1) + 1
@@ -236,8 +250,9 @@ class Spread:
     # -- produce ------------------------------------------------------------------------
     def _target(self, queue: str, n: int) -> int:
         """The partition a batch without keys goes to (the module's doc says which)."""
+        open_ = self._open(queue, n)
         start = self._turn(queue)
-        order = [(start + i) % n for i in range(n)]
+        order = [open_[(start + i) % len(open_)] for i in range(len(open_))]
         seq = self.sequencer
         if seq is None:
             return order[0]
@@ -251,7 +266,8 @@ class Spread:
         return order[0]
 
     async def _produce(self, op: ops.Produce, ctx: ops.Context, n: int) -> list[str]:
-        keyed = [key_partition(i.key, n) if i.key is not None else None for i in op.items]
+        keyed = [self._key_partition(op.queue, n, i.key) if i.key is not None else None
+                 for i in op.items]
         first = next((p for p in keyed if p is not None), None)
         if first is None:
             to = self._target(op.queue, n)
@@ -403,7 +419,8 @@ class Spread:
             n = await self.count(outputs.queue)
             if n > 1:  # one partition of the outputs' queue, in the completion's step
                 keys = [i.key for i in outputs.items if i.key is not None]
-                p = key_partition(keys[0], n) if keys else self._target(outputs.queue, n)
+                p = self._key_partition(outputs.queue, n, keys[0]) if keys \
+                    else self._target(outputs.queue, n)
                 outputs = ops.Outputs(partition_name(outputs.queue, p), outputs.items)
         if groups is None:
             return await self.inner.handle(ops.Complete(op.queue, op.tokens, outputs), ctx)
@@ -581,13 +598,13 @@ class Spread:
         try:
             await self.inner.handle(ops.CreateQueue(name, config), ctx)
         except QueueExists:
-            changes = config.model_dump(exclude={"partitions", "attributes"})
+            changes = config.model_dump(exclude={"partitions", "read_only", "attributes"})
             await self.inner.handle(ops.UpdateQueue(name, changes), ctx)
 
     @staticmethod
     def _partition_config(config: QueueConfig) -> QueueConfig:
         """What a partition keeps of its queue's config: all the engine reads."""
-        return config.model_copy(update={"partitions": 1, "attributes": {}})
+        return config.model_copy(update={"partitions": 1, "read_only": [], "attributes": {}})
 
     async def _create(self, op: ops.CreateQueue, ctx: ops.Context) -> QueueInfo:
         if self.default != 1 and "partitions" not in op.config.model_fields_set:
@@ -606,7 +623,7 @@ class Spread:
         await asyncio.gather(*(self._ensure_partition(partition_name(op.queue, p), part, ctx)
                                for p in range(1, n)))
         info = await self.inner.handle(op, ctx)  # last: a queue is there with all its partitions
-        self._note(op.queue, n)
+        self._note(op.queue, op.config)
         return info
 
     async def _update(self, op: ops.UpdateQueue, ctx: ops.Context) -> QueueInfo:
@@ -623,8 +640,9 @@ class Spread:
         await asyncio.gather(*(self._ensure_partition(partition_name(op.queue, p), part, ctx)
                                for p in range(n, merged.partitions)))
         await self.inner.handle(op, ctx)
-        self._note(op.queue, merged.partitions)
-        changes = {k: v for k, v in op.changes.items() if k not in ("partitions", "attributes")}
+        self._note(op.queue, merged)
+        changes = {k: v for k, v in op.changes.items()
+                   if k not in ("partitions", "read_only", "attributes")}
         if changes:
             await asyncio.gather(*(
                 self.inner.handle(ops.UpdateQueue(partition_name(op.queue, p), changes), ctx)

@@ -372,6 +372,10 @@ class QueueSettings(Body):
         None, ge=1, le=PARTITIONS_MAX,
         description="partitions the queue is spread over, so that several nodes serve it "
         "(default 1); raised by an update, never lowered")
+    read_only: list[Annotated[int, Field(ge=0, lt=PARTITIONS_MAX)]] | None = Field(
+        None, max_length=PARTITIONS_MAX - 1,
+        description="partitions that take no new items and are drained by leases (to "
+        "shrink the queue, or move its work off a node); [] takes items in every partition")
 
 
 class QueueCreate(QueueSettings):
@@ -402,6 +406,7 @@ class QueueInfoOut(Reply):
     dead_queue: str | None
     retention_dead_letter: bool
     partitions: int = 1  # absent from the replies of okq before partitions
+    read_only: list[int] = Field(default_factory=list)
     created_at: datetime
     segments: int
     produced: int

@@ -20,6 +20,18 @@ if TYPE_CHECKING:
     from okq.client import Client
 
 
+def _partition_list(ctx: click.Context, param: click.Parameter,
+                    value: str | None) -> list[int] | None:
+    """``--read-only 2,3``: partition numbers; '' for none."""
+    if value is None:
+        return None
+    try:
+        return [int(p) for p in value.replace(" ", "").split(",") if p]
+    except ValueError:
+        raise click.BadParameter(f"partition numbers separated by commas; got {value!r}",
+                                 ctx, param) from None
+
+
 def queue_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed([
         click.option("--lease-timeout", type=float, help="seconds a lease lasts"),
@@ -31,6 +43,8 @@ def queue_settings(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="move expired items to the dead-letter queue"),
         click.option("--partitions", type=int, help="partitions the queue is spread over, "
                      "so that several nodes serve it (raised, never lowered)"),
+        click.option("--read-only", callback=_partition_list, metavar="P,P,...",
+                     help="partitions that take no new items and are drained ('' for none)"),
     ]):
         fn = opt(fn)
     return fn

@@ -24,7 +24,9 @@ def info_table(infos: list[s.QueueInfoOut]) -> Table:
               "produced")
     for i in infos:
         t.add_row(i.name, f"{i.lease_timeout:g}s", f"{i.retention:g}s",
-                  str(i.max_attempts or "unlimited"), i.dead_queue or "-", str(i.partitions),
+                  str(i.max_attempts or "unlimited"), i.dead_queue or "-",
+                  str(i.partitions) + (f" ({len(i.read_only)} read-only)" if i.read_only
+                                       else ""),
                   str(i.produced))
     return t
 

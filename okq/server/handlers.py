@@ -139,6 +139,7 @@ def _info(i: QueueInfo) -> s.QueueInfoOut:
         name=i.name, lease_timeout=c.lease_timeout, retention=c.retention,
         max_attempts=c.max_attempts, dead_queue=c.dead_queue,
         retention_dead_letter=c.retention_dead_letter, partitions=c.partitions,
+        read_only=c.read_only,
         created_at=dt(i.created_ms),
         segments=i.segments, produced=i.produced,
     )

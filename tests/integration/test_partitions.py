@@ -746,3 +746,45 @@ async def test_a_caller_cannot_name_a_partition(engine: Engine, service: QueueSe
     assert err.value.details["field"] == "outputs.queue_name"
     assert (await engine.stats("q~1")).in_flight == 1
     assert "z~1" not in await manifests(engine)
+
+
+# -- read-only partitions --------------------------------------------------------------------
+
+
+async def test_a_read_only_partition_takes_no_items_and_is_drained(
+    engine: Engine, service: QueueService
+) -> None:
+    """Partition 2 made read-only: batches with and without keys go to 0 and 1 only
+    (a key that hashed to 2 goes to another), its items are still leased and
+    completed, and made writable again it takes items again."""
+    await create(service, partitions=3)
+    old = key_in(2, 3)
+    await service.produce("q", [NewItem(b"before", key=old)])
+    await service.update_queue("q", read_only=[2])
+    assert (await service.queue("q")).config.read_only == [2]
+    assert (await engine.get_queue("q~2")).config.read_only == []  # the queue's setting
+    for n in range(12):
+        await service.produce("q", [NewItem(b"plain %d" % n)])
+    keys = [f"k{n}" for n in range(40)]
+    await service.produce("q", [NewItem(k.encode(), key=k) for k in keys])
+    assert (await engine.stats("q~2")).available == 1  # only the item from before
+    assert (await engine.stats("q")).available > 0  # partition 0
+    assert (await engine.stats("q~1")).available > 0
+    leased = await service.lease("q", 100)
+    assert len(leased) == 1 + 12 + 40 and b"before" in {i.payload for i in leased}
+    await service.complete("q", [i.token for i in leased])
+    assert (await service.stats("q")).available == 0
+    await service.update_queue("q", read_only=[])
+    await service.produce("q", [NewItem(b"again", key=key_in(2, 3, skip=1))])
+    assert (await engine.stats("q~2")).available == 1
+
+
+@pytest.mark.parametrize("read_only", [[3], [0, 1, 2], [1, 1], [-1]])
+async def test_read_only_must_leave_a_partition_taking_items(
+    service: QueueService, read_only: list[int]
+) -> None:
+    await create(service, partitions=3)
+    with pytest.raises(InvalidRequest) as err:
+        await service.update_queue("q", read_only=read_only)
+    assert err.value.details["field"] == "read_only"
+    assert (await service.queue("q")).config.read_only == []

@@ -99,6 +99,9 @@ def test_queues_create_list_info_update_delete(cli: Cli) -> None:
     run = cli.ok("queues", "update", "qa", "--no-retention-dead-letter", "--partitions", "3")
     assert rows(run.out) == [["qa", "9s", "3600s", "5", "qa-dead", "3", "0"]]
     assert [q["name"] for q in cli.js("queues", "list")].count("qa") == 1  # its partitions
+    run = cli.ok("queues", "update", "qa", "--read-only", "0,2")
+    assert rows(run.out)[0][5] == "3 (2 read-only)"
+    assert cli.js("queues", "update", "qa", "--read-only", "")["read_only"] == []
     cli.many_fail([
         (("queues", "update", "qa"), 2, "give at least one setting to change"),
         (("queues", "update", "qa", "--partitions", "2"), 1,
