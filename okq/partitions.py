@@ -20,10 +20,10 @@ operation on it into operations on its partitions (docs/DESIGN.md, "Partitions")
   fails after another landed, the produce answers ``outcome_unknown``;
 - lease: partitions this node holds first, then the others, each in turn from a
   rotating start; every ``FAIR_EVERY``-th lease of a queue starts from the
-  rotation over all partitions, so none starves whoever holds it. A long poll
-  looks at every partition, then waits for a wake-up (a produce into any partition
-  through this node or into one it holds) or its next look (``poll_interval``,
-  doubling to ``idle_poll_max`` while idle);
+  rotation over all partitions, so that no partition starves, whoever holds it.
+  A long poll looks at every partition, then waits for a wake-up (a produce into
+  any partition through this node or into one it holds) or its next look
+  (``poll_interval``, doubling to ``idle_poll_max`` while idle);
 - renew, complete, retry, give-back, token checks: each token goes to the
   partition it names (a token carries its partition's name, under its MAC); every
   token of a batch is verified before any is acted on;
