@@ -144,8 +144,8 @@ class Spread:
         self.default = default_partitions  # of a queue created without saying
         self.engine = engine
         self.sequencer = sequencer
-        self._counts: dict[str, tuple[int, float]] = {}  # queue -> (partitions, until)
-        self._read_only: dict[str, frozenset[int]] = {}  # queue -> partitions taking none
+        # queue -> (partitions, those of them read-only, until when this is taken as true)
+        self._counts: dict[str, tuple[int, frozenset[int], float]] = {}
         self._heads: dict[str, str | None] = {}  # token head -> the queue it names
         self._turns: dict[str, int] = {}  # queue -> operations that took a turn
         self._woken: dict[str, asyncio.Event] = {}  # queue -> set on a wake-up
@@ -206,7 +206,7 @@ class Spread:
     # -- the partition count ------------------------------------------------------------
     def _cached(self, queue: str) -> int | None:
         hit = self._counts.get(queue)
-        if hit is not None and hit[1] > time.monotonic():
+        if hit is not None and hit[2] > time.monotonic():
             return hit[0]
         return None
 
@@ -225,13 +225,13 @@ class Spread:
         return info.config.partitions
 
     def _note(self, queue: str, config: QueueConfig) -> None:
-        self._counts[queue] = (config.partitions, time.monotonic() + COUNT_MAX_AGE)
-        if config.read_only or queue in self._read_only:
-            self._read_only[queue] = frozenset(config.read_only)
+        self._counts[queue] = (config.partitions, frozenset(config.read_only),
+                               time.monotonic() + COUNT_MAX_AGE)
 
     def _open(self, queue: str, n: int) -> list[int]:
         """The partitions of ``queue`` (of ``n``) that take new items."""
-        ro = self._read_only.get(queue)
+        hit = self._counts.get(queue)
+        ro = hit[1] if hit is not None else None
         return [p for p in range(n) if p not in ro] if ro else list(range(n))
 
     def _key_partition(self, queue: str, n: int, key: str) -> int:
