@@ -16,7 +16,6 @@ from okq.errors import (
 )
 from okq.keys import (
     check_name,
-    check_queue,
     item_id,
 )
 from okq.leases import DONE, LEASED, OUTPUTS_PENDING, LeaseObject
@@ -171,7 +170,7 @@ def _source_queue(item: LeasedItem) -> str | None:
     if source is None:
         return None
     try:
-        return check_queue(source, "source_queue")
+        return check_name(source, "source_queue")
     except InvalidRequest:
         return None
 

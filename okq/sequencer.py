@@ -78,7 +78,7 @@ from okq.fleetwire import (
     Misdirected,
     ReplayGuard,
 )
-from okq.keys import PARTITION_SEP
+from okq.keys import split_partition
 from okq.store.base import Store
 
 log = logging.getLogger("okq.sequencer")
@@ -104,10 +104,8 @@ def shard_of(queue: str, shards: int) -> int:
     partitions fall on as many shards, and holders, as there are."""
     if shards <= 1:
         return 0
-    base, sep, number = queue.partition(PARTITION_SEP)
-    if not sep:
-        return zlib.crc32(queue.encode()) % shards
-    return (zlib.crc32(base.encode()) + int(number)) % shards
+    base, partition = split_partition(queue)
+    return (zlib.crc32(base.encode()) + partition) % shards
 
 
 @dataclass
