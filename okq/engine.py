@@ -96,6 +96,12 @@ class Engine:
         once, whichever of its partitions it served."""
         return list(dict.fromkeys(split_partition(q)[0] for q in self.runtime.queues))
 
+    def next_ready_ms(self, queue: str) -> int | None:
+        """When the next item of ``queue`` not yet due becomes leasable (ms), as this
+        engine's last lease walk of it saw; None when it saw none or never looked."""
+        q = self.runtime.queues.get(queue)
+        return q.next_ready_ms if q is not None else None
+
     def trust(self, holds: Callable[[str], bool]) -> None:
         """Every write to the queues ``holds`` names comes through this engine (a
         sequencer role): their caches may be trusted for ``trusted_max_age``."""

@@ -330,10 +330,21 @@ class Spread:
             if items or woken is None or left <= 0 or ctx.gone() or self.engine.runtime.stopping:
                 return items
             try:
-                await asyncio.wait_for(woken.wait(), min(pause, left))
+                await asyncio.wait_for(woken.wait(), min(pause, left, self._due(op.queue, n)))
                 pause = opts.poll_interval
             except TimeoutError:
                 pause = min(pause * 2, opts.idle_poll_max)
+
+    def _due(self, queue: str, n: int) -> float:
+        """Seconds until the first item not yet due of a partition whose lease walk ran
+        here becomes leasable (inf when none is known): a long poll looks again then,
+        as a queue's own does. One in a partition leased through another node is seen
+        at the next look."""
+        now = self.engine.clock.now_ms()
+        dues = [d for p in range(n)
+                if (d := self.engine.next_ready_ms(partition_name(queue, p))) is not None
+                and d > now]  # one past is a walk's of long ago (or another node's lease)
+        return (min(dues) - now) / 1000 if dues else float("inf")
 
     async def _lease_once(self, op: ops.Lease, ctx: ops.Context, n: int) -> list[LeasedItem]:
         out: list[LeasedItem] = []

@@ -109,6 +109,9 @@ class QueueRuntime:
         self.seen_ver = -1
         self.seen_segments: list[SegmentMeta] = []  # the list of that version
         self.waiters = 0  # long polls of this process waiting for the queue's items
+        # When the next item not yet due becomes leasable (ms), as the last lease
+        # walk here saw it; None: none seen (okq.partitions' long polls wake for it).
+        self.next_ready_ms: int | None = None
         # The long polls' pause between looks at the store (it grows while the
         # manifest stays as it was: see Scheduler.lease), and the manifest's ETag
         # at the last look.

@@ -109,6 +109,7 @@ class Scheduler:
             q.wake.clear()
             reads = q.manifest.reads
             items, next_ready = await self._lease_once(q, batch, lease_timeout, age)
+            q.next_ready_ms = next_ready
             await self.finishers.help_noted(q)
             left = give_up - loop.time()
             if items or self.rt.stopping:

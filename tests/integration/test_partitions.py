@@ -788,3 +788,24 @@ async def test_read_only_must_leave_a_partition_taking_items(
         await service.update_queue("q", read_only=read_only)
     assert err.value.details["field"] == "read_only"
     assert (await service.queue("q")).config.read_only == []
+
+
+async def test_a_long_poll_returns_an_item_when_it_falls_due(store: Store) -> None:
+    """An item produced for later is leased when it falls due, not at the next look:
+    the engine looks every 4 s here, and the poll's wait ends at the item's due time
+    (a partitioned long poll wakes for the first due time its partitions' walks saw)."""
+    from okq.clock import SystemClock
+
+    engine = await make_engine(store, SystemClock(), poll_interval=4.0,
+                               idle_poll_max=4.0).start()
+    try:
+        service = QueueService(engine)
+        await create(service, partitions=3)
+        due = engine.clock.now_ms() + 1500
+        [item_id] = await service.produce("q", [NewItem(b"later", enqueue_at_ms=due)])
+        got = await service.lease("q", 10, wait=6)
+        late = engine.clock.now_ms() - due
+        assert [i.id for i in got] == [item_id]
+        assert 0 <= late < 1000, f"leased {late} ms after it fell due"
+    finally:
+        await engine.close()
