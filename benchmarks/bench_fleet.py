@@ -82,6 +82,7 @@ from okq.dev.fleet import LocalFleet
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.sequencer import shard_of
 from okq.wire import LeasedItemOut, ProduceItem
+from tests.campaign import forward_outcomes
 from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report
 from tests.nodes import live_items
 
@@ -889,21 +890,13 @@ class Spread:
     problems: dict[str, int] = field(default_factory=dict)
 
 
-async def forwards_sent(http: aiohttp.ClientSession, fleet: LocalFleet) -> float:
-    """``okq_sequencer_forwards_total`` summed over the fleet's nodes."""
-    total_sent = 0.0
-    for node in fleet.nodes:
-        async with http.get(f"{node.url}/metrics") as r:
-            text = await r.text()
-        for family in text_string_to_metric_families(text):
-            if family.name == "okq_sequencer_forwards":
-                total_sent += sum(x.value for x in family.samples
-                                  if x.name.endswith("_total") and x.labels["outcome"] != "direct")
-    return total_sent
+async def forwards_sent(fleet: LocalFleet) -> float:
+    """Forwards the fleet's nodes sent (not those written directly instead)."""
+    outcomes = await asyncio.to_thread(forward_outcomes, fleet)
+    return sum(n for outcome, n in outcomes.items() if outcome != "direct")
 
 
-async def partitions_run(nodes: int, partitions: int, args: argparse.Namespace,
-                         http: aiohttp.ClientSession) -> Spread:
+async def partitions_run(nodes: int, partitions: int, args: argparse.Namespace) -> Spread:
     """``nodes`` nodes in sequencer mode with ``partitions`` shards, one queue of
     ``partitions`` partitions; the table's driver (4 producers and 4 consumers, client
     k on node k, batches of 100, 1 KiB). Each node's first produces claim a partition
@@ -921,7 +914,7 @@ async def partitions_run(nodes: int, partitions: int, args: argparse.Namespace,
             if sum(map(len, roles.values())) >= partitions:
                 break
         result.roles = await all_held(fleet, partitions)
-        sent = await forwards_sent(http, fleet)
+        sent = await forwards_sent(fleet)
 
         async def mark() -> tuple[float, Counts, float]:
             requests = (await asyncio.to_thread(fleet.store_requests)).total
@@ -932,7 +925,7 @@ async def partitions_run(nodes: int, partitions: int, args: argparse.Namespace,
         marks.append(await mark())
         result.consume = await drain(clients, queue, ledger)
         marks.append(await mark())
-        result.forwards = await forwards_sent(http, fleet) - sent
+        result.forwards = await forwards_sent(fleet) - sent
     for n, phase in enumerate(("produce", "drain")):
         (t0, c0, p0), (t1, c1, p1) = marks[n], marks[n + 1]
         result.wall[phase] = t1 - t0
@@ -1058,7 +1051,7 @@ async def main() -> None:
                 setups = [tuple(int(x) for x in s.split("x")) for s in args.setups.split(",")]
                 runs = [r for _ in range(args.rounds) for r in setups] + setups[:1]
                 for nodes, partitions in runs:
-                    spread.append(await partitions_run(nodes, partitions, args, http))
+                    spread.append(await partitions_run(nodes, partitions, args))
                     print(f"  partitions: {nodes} nodes, {partitions} partitions: done",
                           flush=True)
                 print_partitions(spread, args)

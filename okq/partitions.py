@@ -40,7 +40,7 @@ of one partition passes straight through.
 from __future__ import annotations
 
 import asyncio
-import binascii
+import base64
 import dataclasses
 import hashlib
 import logging
@@ -108,16 +108,13 @@ def token_queue(token: str) -> str | None:
     engine checks it where the token is used); None when it is no token."""
     head = token.partition(".")[0]
     try:
-        raw = msgpack.unpackb(binascii.a2b_base64(
-            head.encode("ascii").translate(_FROM_URLSAFE) + b"=" * (-len(head) % 4)))
+        raw = msgpack.unpackb(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
     except Exception:  # anything at all: not a token; the engine says why
         return None
     if isinstance(raw, list) and len(raw) >= 4 and isinstance(raw[2], str):
         return raw[2]
     return None
 
-
-_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
 
 
 def _renumbered(exc: BaseException, where: Sequence[int]) -> BaseException:
