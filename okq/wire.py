@@ -105,11 +105,11 @@ Headers = Annotated[
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 class Reply(Body):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, defer_build=True)
 
 
 class ErrorBody(Reply):
