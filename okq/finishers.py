@@ -74,6 +74,13 @@ class Finishers:
         st = obj.items.get(idx) if obj else None
         if st is None or st.s != DEAD_PENDING:
             return
+        # A copy may be old (a lease walk re-reads only a few objects per call): the
+        # move may be done, and its idempotency key gone, since. Decide on the store's.
+        await cell.refresh()
+        obj = cell.cached()
+        st = obj.items.get(idx) if obj else None
+        if st is None or st.s != DEAD_PENDING:
+            return
         if config is None:
             config = (await self.rt.manifest(q, 0)).config
         dead_queue = config.dead_queue
