@@ -208,8 +208,9 @@ class Compactor:
         await self._retention(queue, m.config, segs, report)
         # Young segments are left alone: see CompactorOptions.min_age.
         settled = [s for s in segs if s.obj.sealed or not self._young(s.meta)]
-        groups = await self._seal_groups(queue, settled)
-        merged = [await self._write_merged(queue, g) for g in groups]
+        ordered = m.config.fifo
+        groups = await self._seal_groups(queue, settled, segs if ordered else None)
+        merged = [await self._write_merged(queue, g, ordered) for g in groups]
         finished = {s.meta.id for s in settled if s.finished()}
         replaced = await self._commit(queue, finished, merged)
         report.segments_folded += len(finished)
@@ -285,16 +286,36 @@ class Compactor:
                 s.obj = cell.cached() or s.obj
 
     # -- merging ---------------------------------------------------------------------
-    def _candidates(self, segs: list[_Seg]) -> list[list[_Seg]]:
+    def _candidates(self, segs: list[_Seg], ordered: list[_Seg] | None = None
+                    ) -> list[list[_Seg]]:
         """Groups to merge: every sealed segment (a crashed pass's leftovers) and
-        runs of narrow idle segments, in scan order, up to the target size."""
-        pick = [s for s in sorted(segs, key=lambda s: s.meta.first_ready_ms)
-                if not s.finished() and (s.obj.sealed or (
-                    not s.busy() and s.live() < self.opts.merge_below))]
+        runs of narrow idle segments, in scan order, up to the target size.
+
+        ``ordered`` (an ordered queue: every segment of its manifest): a group is a
+        run of segments next to each other in sequence order among those with live
+        items, so that its merged segment takes their place in the order and no item
+        of another segment comes between its items (docs/DESIGN.md, "Ordered
+        delivery")."""
+        def mergeable(s: _Seg) -> bool:
+            return not s.finished() and (s.obj.sealed or (
+                not s.busy() and s.live() < self.opts.merge_below))
+
         groups: list[list[_Seg]] = []
         current: list[_Seg] = []
         items = size = 0
-        for s in pick:
+        if ordered is None:
+            by_ready = sorted(segs, key=lambda s: s.meta.first_ready_ms)
+            line: list[_Seg | None] = list(by_ready)
+        else:  # a segment that is not a candidate breaks the run (None)
+            settled = {s.meta.id for s in segs}
+            line = [s if s.meta.id in settled and mergeable(s) else None
+                    for s in sorted(ordered, key=_seq) if not s.finished()]
+        for s in line:
+            if s is None or not mergeable(s):
+                if s is None and current:
+                    groups.append(current)
+                    current, items, size = [], 0, 0
+                continue
             live = s.live()
             if current and (items + live > self.opts.merge_target
                             or size + s.meta.size > self.opts.merge_target_bytes):
@@ -309,11 +330,16 @@ class Compactor:
         return [g for g in groups if len(g) > 1 or g[0].obj.sealed
                 or g[0].live() * 2 < g[0].meta.count]
 
-    async def _seal_groups(self, queue: str, segs: list[_Seg]) -> list[list[_Seg]]:
+    async def _seal_groups(self, queue: str, segs: list[_Seg],
+                           ordered: list[_Seg] | None = None) -> list[list[_Seg]]:
         sealed_groups = []
-        for group in self._candidates(segs):
+        for group in self._candidates(segs, ordered):
             sealed = [s for s in group if await self._seal(queue, s)]
-            if sealed:
+            if ordered is not None and len(sealed) < len(group):
+                # A segment that could not be sealed (leased meanwhile) splits the
+                # run: merge only the sealed ones next to each other.
+                sealed_groups.extend(_runs(group, sealed))
+            elif sealed:
                 sealed_groups.append(sealed)
         return sealed_groups
 
@@ -330,11 +356,14 @@ class Compactor:
         return s.obj.sealed
 
     async def _write_merged(
-        self, queue: str, group: list[_Seg]
+        self, queue: str, group: list[_Seg], ordered: bool = False
     ) -> tuple[SegmentMeta, list[str], int]:
-        """Write the merged segment (and its lease object); unpublished until the commit."""
+        """Write the merged segment (and its lease object); unpublished until the commit.
+        Its items go by ready time, or, for an ordered queue, by sequence number, which
+        each item carries with it."""
         now = self.clock.now_ms()
         moved: list[tuple[int, SegmentItem, ItemState | None]] = []
+        readies: list[int] = []
         for s in group:
             seg = await self._segment(queue, s)
             for i, st in s.states():
@@ -342,9 +371,11 @@ class Compactor:
                     continue  # finished: its tombstone is folded away here
                 item = seg.items[i]
                 born = item.born_ms or s.meta.created_ms
-                carried = SegmentItem(item.payload, item.enqueue_at_ms, item.meta, born)
+                seq = s.meta.item_seq(i, item) if ordered else None
+                carried = SegmentItem(item.payload, item.enqueue_at_ms, item.meta, born, seq)
                 ready = st.t if st is not None else fresh_ready_ms(s.meta, carried)
-                moved.append((ready, carried, st))
+                moved.append((ready if seq is None else seq, carried, st))
+                readies.append(ready)
         moved.sort(key=lambda m: m[0])
         sid = new_segment_id(now)
         segment = Segment(sid, queue, now, now, [item for _, item, _ in moved])
@@ -355,8 +386,9 @@ class Compactor:
             obj = LeaseObject(sid, waiting, ver=1, nonce=new_nonce())
             await self.store.put(lease_key(self.ns, queue, sid), encode_lease(obj),
                                  if_none_match=True)
-        min_ready = min((r for r, _, _ in moved), default=now)
-        meta = SegmentMeta(sid, len(moved), now, len(data), min(min_ready, now))
+        min_ready = min(readies, default=now)
+        meta = SegmentMeta(sid, len(moved), now, len(data), min(min_ready, now),
+                           seq=moved[0][1].seq if moved else None)
         meta.last_due_ms = max((fresh_due_ms(meta, item) for _, item, st in moved if st is None),
                                default=0)
         return meta, [s.meta.id for s in group], len(moved)
@@ -442,6 +474,23 @@ class Compactor:
             await self.store.delete(info.key)
             report.objects_deleted += 1
             report.bytes_reclaimed += info.size
+
+
+def _seq(s: _Seg) -> int:
+    """A segment's place in an ordered queue (one without a number goes first)."""
+    return -1 if s.meta.seq is None else s.meta.seq
+
+
+def _runs(group: list[_Seg], sealed: list[_Seg]) -> list[list[_Seg]]:
+    """The runs of ``group`` (in order) that are wholly in ``sealed``."""
+    ids = {s.meta.id for s in sealed}
+    runs: list[list[_Seg]] = [[]]
+    for s in group:
+        if s.meta.id in ids:
+            runs[-1].append(s)
+        elif runs[-1]:
+            runs.append([])
+    return [r for r in runs if r]
 
 
 def _expire(indexes: list[int], to_dead: bool) -> Callable[[LeaseObject, int], object]:

@@ -45,7 +45,7 @@ T = TypeVar("T")
 #: ``{"payload": bytes | str, "headers": {str: str}, "key": str, "delay": seconds}``
 #: (or ``"enqueue_at": datetime`` instead of ``delay``), every key but payload optional.
 Item = bytes | str | s.ProduceItem | Mapping[str, Any]
-ITEM_KEYS = ("payload", "headers", "key", "delay", "enqueue_at")
+ITEM_KEYS = ("payload", "headers", "key", "delay", "enqueue_at", "group")
 
 log = logging.getLogger("okq.client")
 
@@ -139,7 +139,7 @@ def _dict_item(value: Mapping[str, Any]) -> dict[str, Any]:
     else:
         raise TypeError("an item's payload must be bytes or str, not "
                         f"{type(payload).__name__}")
-    for name in ("headers", "key", "delay"):
+    for name in ("headers", "key", "delay", "group"):
         if value.get(name) is not None:
             out[name] = value[name]
     at = value.get("enqueue_at")

@@ -31,6 +31,10 @@ MAX_HEADERS = 10
 MAX_HEADERS_BYTES = 8192
 #: A produce's ``delay`` (seconds from the node's now) is at most 14 days.
 DELAY_MAX = 1_209_600
+#: A message group's name (okq.model.GROUP_KEY): as SQS's MessageGroupId allows, 1 to
+#: 128 letters, digits and ASCII punctuation.
+GROUP_MAX = 128
+GROUP_PATTERN = r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]+$"
 
 
 def check_lease_timeout(value: float | None, field: str = "lease_timeout") -> None:

@@ -15,7 +15,7 @@ effect, or re-applying it changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
@@ -103,8 +103,7 @@ class Publish:
             )
         for k, iid in self.keys.items():
             m.idem[k] = [iid, now + self.keep_ms]
-        m.segments.append(self.segment)
-        m.produced += self.segment.count
+        _append(m, self.segment)
         return None
 
 
@@ -125,9 +124,15 @@ class PublishWritten:
             raise PublishAborted(f"outputs segment {self.segment.id} fell behind the GC floor")
         prune_idem(m, now)
         m.idem[marker] = [self.segment.id, now + self.keep_ms]
-        m.segments.append(self.segment)
-        m.produced += self.segment.count
+        _append(m, self.segment)
         return None
+
+
+def _append(m: Manifest, segment: SegmentMeta) -> None:
+    """List a published segment, numbered from the items ever published: its items
+    are the queue's next sequence numbers (docs/DESIGN.md, "Ordered delivery")."""
+    m.segments.append(replace(segment, seq=m.produced))
+    m.produced += segment.count
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,15 @@ def merged_config(config: QueueConfig, changes: dict[str, Any]) -> QueueConfig:
     ``attributes`` are merged key by key, a None value removing its key: two front-end
     calls that change different attributes at once both land (this runs in the CAS).
     """
+    if "fifo" in changes and bool(changes["fifo"]) != config.fifo:
+        raise InvalidRequest("fifo is set when a queue is created and never changed",
+                             field="fifo")
+    if config.fifo:  # a group's partition is fixed: docs/DESIGN.md, "Ordered delivery"
+        for name, now in (("partitions", config.partitions), ("read_only", config.read_only)):
+            if name in changes and changes[name] != now:
+                raise InvalidRequest(f"{name} of an ordered (fifo) queue is fixed when it is "
+                                     "created: a group moved to another partition would "
+                                     "lose its order", field=name)
     merged = {**config.model_dump(), **changes}
     if "attributes" in changes:
         attributes = dict(config.attributes)

@@ -78,6 +78,12 @@ class QueueConfig(BaseModel):
         description="front ends' own settings of the queue (the SQS API's attributes and "
         "tags), kept with it and not read by the engine",
     )
+    fifo: bool = Field(
+        False,
+        description="ordered delivery (docs/DESIGN.md, \"Ordered delivery\"): the items of "
+        "a group are handed out in the order they were acknowledged, one handout of a group "
+        "at a time; set when the queue is created, never changed",
+    )
 
     @field_validator("dead_queue")
     @classmethod
@@ -115,6 +121,12 @@ class SegmentMeta:
     # its produce), so that stats can count a segment without reading it. None:
     # not known (listed by an older okq, or an outputs segment): read the segment.
     last_due_ms: int | None = None
+    # The queue's sequence number of the segment's first item: the manifest's
+    # ``produced`` when the segment was published (its items are seq, seq + 1, ...),
+    # or, for a merged segment, the first of its items' own (SegmentItem.seq). The
+    # order of an ordered queue (docs/DESIGN.md, "Ordered delivery"). None: listed
+    # by an okq before ordered delivery.
+    seq: int | None = None
 
     @property
     def first_ready_ms(self) -> int:
@@ -122,14 +134,23 @@ class SegmentMeta:
 
     def pack(self) -> list[Any]:
         out = [self.id, self.count, self.created_ms, self.size]
-        if self.last_due_ms is not None:  # trailing: older readers ignore it
+        if self.seq is not None:  # trailing fields: older readers ignore them
+            return [*out, self.min_ready_ms, self.last_due_ms, self.seq]
+        if self.last_due_ms is not None:
             return [*out, self.min_ready_ms, self.last_due_ms]
         return out if self.min_ready_ms is None else [*out, self.min_ready_ms]
 
     @classmethod
     def unpack(cls, raw: list[Any]) -> SegmentMeta:
-        return cls(raw[0], raw[1], raw[2], raw[3], raw[4] if len(raw) > 4 else None,
-                   raw[5] if len(raw) > 5 else None)
+        n = len(raw)
+        return cls(raw[0], raw[1], raw[2], raw[3], raw[4] if n > 4 else None,
+                   raw[5] if n > 5 else None, raw[6] if n > 6 else None)
+
+    def item_seq(self, index: int, item: SegmentItem) -> int | None:
+        """The sequence number of item ``index`` (None when the segment has none)."""
+        if item.seq is not None:
+            return item.seq
+        return None if self.seq is None else self.seq + index
 
 
 #: Segments per manifest chunk (EngineOptions.manifest_chunk): the tail a publish
@@ -254,6 +275,26 @@ class SegmentItem:
     enqueue_at_ms: int | None = None
     meta: dict[str, Any] | None = None
     born_ms: int | None = None  # first produce time, kept when a merge moves the item
+    # Its sequence number (SegmentMeta.seq), kept when a merge of an ordered queue
+    # moves the item; None in a published segment (its meta's seq + index)
+    seq: int | None = None
+
+
+#: Where an item's meta keeps its message group (docs/DESIGN.md, "Ordered delivery").
+GROUP_KEY = "group"
+
+
+def with_group(meta: dict[str, Any] | None, group: str | None) -> dict[str, Any] | None:
+    """``meta`` with the item's message group kept in it (unchanged without one)."""
+    return meta if group is None else {**(meta or {}), GROUP_KEY: group}
+
+
+def group_of(meta: Mapping[str, Any] | None) -> str | None:
+    """An item's message group, if it has one."""
+    if not meta:
+        return None
+    group = meta.get(GROUP_KEY)
+    return group if isinstance(group, str) else None
 
 
 def fresh_ready_ms(sm: SegmentMeta, item: SegmentItem) -> int:
@@ -353,6 +394,8 @@ def _config_dump(config: QueueConfig) -> dict[str, Any]:
         del dump["partitions"]
     if not dump["read_only"]:
         del dump["read_only"]
+    if not dump["fifo"]:
+        del dump["fifo"]
     return dump
 
 
@@ -481,8 +524,10 @@ def encode_segment(s: Segment) -> bytes:
             "publish_by": s.publish_by_ms,
             "items": [
                 [i.payload, i.enqueue_at_ms, i.meta]
-                if i.born_ms is None
+                if i.born_ms is None and i.seq is None
                 else [i.payload, i.enqueue_at_ms, i.meta, i.born_ms]
+                if i.seq is None
+                else [i.payload, i.enqueue_at_ms, i.meta, i.born_ms, i.seq]
                 for i in s.items
             ],
         },
@@ -499,8 +544,8 @@ def decode_segment(data: bytes) -> Segment:
 
 
 def _segment_item(fields: Any) -> SegmentItem:
-    if not isinstance(fields, list) or not 3 <= len(fields) <= 4:
-        raise ValueError(f"a segment item is a list of 3 or 4 fields, not {fields!r:.40}")
+    if not isinstance(fields, list) or not 3 <= len(fields) <= 5:
+        raise ValueError(f"a segment item is a list of 3 to 5 fields, not {fields!r:.40}")
     if not isinstance(fields[0], bytes):
         raise TypeError("a segment item's payload must be bytes")
     return SegmentItem(*fields)

@@ -13,9 +13,13 @@ operation on it into operations on its partitions (docs/DESIGN.md, "Partitions")
   a batch without idempotency keys goes whole to one partition: one this
   node holds (the one with the fewest items waiting to be published here), else
   one whose holder this node does not know yet (it claims the role or learns the
-  holder), else the next in turn. Items with keys go to the partition their key
-  hashes to (a jump hash: raising P moves 1/P of the keys), so deduplication stays
-  exact; items without keys in such a batch go with its first keyed item. A batch
+  holder), else the next in turn. Items with a message group go to the partition
+  their group hashes to, so that a group stays in one partition, in order; other
+  items with keys go to the partition their key hashes to (a jump hash: raising P
+  moves 1/P of the keys), so deduplication stays exact (for a key always produced
+  with the same group); items with neither in such a batch go with its first routed
+  item. An ordered (fifo) queue's partitions never change, so neither does a
+  group's partition. A batch
   whose items land in several partitions is published in each; if one of those
   fails after another landed, the produce answers ``outcome_unknown``;
 - lease: partitions this node holds first, then the others, each in turn from a
@@ -66,8 +70,8 @@ from okq.keys import PARTITION_SEP, partition_name, split_partition
 from okq.limits import check_batch
 from okq.local import check_repeats
 from okq.manifest_ops import merged_config
-from okq.model import QueueConfig
-from okq.publisher import Produced
+from okq.model import QueueConfig, group_of
+from okq.publisher import NewItem, Produced
 from okq.scheduler import LeasedItem
 from okq.sequencer import Sequencer
 from okq.views import BrowsedItem, QueueStats
@@ -82,6 +86,9 @@ COUNT_MAX_AGE = 5.0
 #: Every this many leases of a queue, one starts from the rotation over all its
 #: partitions rather than from those this node holds.
 FAIR_EVERY = 16
+#: Put before a message group's name when it is hashed to its partition, so that a
+#: group and an idempotency key of the same name may land apart.
+GROUP_HASH_PREFIX = "group:"
 #: Token heads remembered (a head names a segment's partition).
 _HEADS_MAX = 8192
 
@@ -141,12 +148,14 @@ class Spread:
         self.default = default_partitions  # of a queue created without saying
         self.engine = engine
         self.sequencer = sequencer
-        # queue -> (partitions, those of them read-only, until when this is taken as true)
-        self._counts: dict[str, tuple[int, frozenset[int], float]] = {}
+        # queue -> (partitions, those of them read-only, until when this is taken as
+        # true, whether it is ordered)
+        self._counts: dict[str, tuple[int, frozenset[int], float, bool]] = {}
         self._heads: dict[str, str | None] = {}  # token head -> the queue it names
         self._turns: dict[str, int] = {}  # queue -> operations that took a turn
         self._woken: dict[str, asyncio.Event] = {}  # queue -> set on a wake-up
         engine.runtime.on_wake.append(self._wake)
+        engine.runtime.route = self._route
         self._spread: dict[type[Any], Callable[[Any, ops.Context, int], Awaitable[Any]]] = {
             ops.Produce: self._produce, ops.Lease: self._lease, ops.Purge: self._purge,
             ops.Stats: self._stats, ops.Browse: self._browse, ops.Redrive: self._redrive,
@@ -223,7 +232,7 @@ class Spread:
 
     def _note(self, queue: str, config: QueueConfig) -> None:
         self._counts[queue] = (config.partitions, frozenset(config.read_only),
-                               time.monotonic() + COUNT_MAX_AGE)
+                               time.monotonic() + COUNT_MAX_AGE, config.fifo)
 
     def _open(self, queue: str, n: int) -> list[int]:
         """The partitions of ``queue`` (of ``n``) that take new items."""
@@ -235,6 +244,40 @@ class Spread:
         """The partition a key goes to: one of those taking new items."""
         open_ = self._open(queue, n)
         return open_[key_partition(key, len(open_))]
+
+    async def _route(self, queue: str, meta: dict[str, Any] | None) -> str:
+        """The engine queue an item the engine moves into ``queue`` (a redrive) goes
+        to: its message group's partition, else partition 0 (``queue`` itself)."""
+        group = group_of(meta)
+        if group is None or PARTITION_SEP in queue:
+            return queue
+        n = await self.count(queue)
+        if n == 1:
+            return queue
+        return partition_name(queue, self._key_partition(queue, n, GROUP_HASH_PREFIX + group))
+
+    def _item_partition(self, queue: str, n: int, item: NewItem) -> int | None:
+        """The partition an item must go to: its message group's, so that a group stays
+        in one partition, in order; else its idempotency key's; else None (any)."""
+        group = group_of(item.meta)
+        if group is not None:
+            return self._key_partition(queue, n, GROUP_HASH_PREFIX + group)
+        return None if item.key is None else self._key_partition(queue, n, item.key)
+
+    def _check_groups_together(self, outputs: ops.Outputs, routed: list[int | None],
+                               p: int) -> None:
+        """On an ordered queue a completion's outputs, published in one partition, may
+        not hold an item whose group belongs in another: it would be out of order."""
+        hit = self._counts.get(outputs.queue)
+        if hit is None or not hit[3]:
+            return
+        for index, (item, at) in enumerate(zip(outputs.items, routed, strict=True)):
+            if at is not None and at != p and group_of(item.meta) is not None:
+                field = f"outputs.items[{index}].group"
+                raise InvalidRequest(
+                    f"{field}: a completion's outputs are published in one partition of "
+                    f"{outputs.queue!r}, and this group belongs in another; give its "
+                    "outputs one group, or produce the others separately", field=field)
 
     def _turn(self, queue: str) -> int:
         n = self._turns.get(queue, -1) + 1
@@ -263,8 +306,7 @@ class Spread:
         return order[0]
 
     async def _produce(self, op: ops.Produce, ctx: ops.Context, n: int) -> list[str]:
-        keyed = [self._key_partition(op.queue, n, i.key) if i.key is not None else None
-                 for i in op.items]
+        keyed = [self._item_partition(op.queue, n, i) for i in op.items]
         first = next((p for p in keyed if p is not None), None)
         if first is None:
             to = self._target(op.queue, n)
@@ -426,9 +468,11 @@ class Spread:
                 self._refuse(op)
             n = await self.count(outputs.queue)
             if n > 1:  # one partition of the outputs' queue, in the completion's step
-                keys = [i.key for i in outputs.items if i.key is not None]
-                p = self._key_partition(outputs.queue, n, keys[0]) if keys \
-                    else self._target(outputs.queue, n)
+                routed = [self._item_partition(outputs.queue, n, i) for i in outputs.items]
+                p = next((p for p in routed if p is not None), None)
+                if p is None:
+                    p = self._target(outputs.queue, n)
+                self._check_groups_together(outputs, routed, p)
                 outputs = ops.Outputs(partition_name(outputs.queue, p), outputs.items)
         if groups is None:
             return await self.inner.handle(ops.Complete(op.queue, op.tokens, outputs), ctx)

@@ -92,7 +92,7 @@ class Redriver:
             items = await self.scheduler.lease(dead_queue, batch, lease_timeout=REDRIVE_LEASE_S)
             if not items:
                 break
-            groups, others = self._redrive_groups(items, destination)
+            groups, others = await self._redrive_groups(items, destination)
             for i in others:  # not a dead letter: leave it where it is
                 await self.deliveries.retry(
                     i.token, retry_at_ms=self.rt.clock.now_ms() + 3_600_000, count_attempt=False)
@@ -110,19 +110,23 @@ class Redriver:
             raise _sources_missing(dead_queue, moved, missing)
         return moved
 
-    def _redrive_groups(
+    async def _redrive_groups(
         self, items: list[LeasedItem], destination: str | None = None
     ) -> tuple[dict[tuple[str, str], list[tuple[LeasedItem, Delivery]]], list[LeasedItem]]:
         """Leased dead letters grouped by (their segment, the queue they go to: their
-        source queue or ``destination``), and the items that are not dead letters."""
+        source queue or ``destination``, or the partition of it the runtime's ``route``
+        names), and the items that are not dead letters."""
         groups: dict[tuple[str, str], list[tuple[LeasedItem, Delivery]]] = {}
         others: list[LeasedItem] = []
+        route = self.rt.route
         for i in items:
             source = _source_queue(i)
             if source is None:
                 others.append(i)
                 continue
             source = destination or source
+            if route is not None:
+                source = await route(source, i.meta)
             d, _ = self.deliveries.delivery(i.token)
             groups.setdefault((d.segment, source), []).append((i, d))
         return groups, others

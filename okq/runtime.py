@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +174,10 @@ class Runtime:
         # Called with a queue's name whenever this process made items of it
         # leasable (okq.partitions wakes its long polls of the whole queue).
         self.on_wake: list[Callable[[str], None]] = []
+        # Where an item moved into a queue by the engine itself (a redrive) goes: the
+        # queue's name and the item's meta -> the engine queue to write to
+        # (okq.partitions puts a message group's item in its group's partition).
+        self.route: Callable[[str, dict[str, Any] | None], Awaitable[str]] | None = None
 
     def queue(self, name: str, field_name: str = "queue") -> QueueRuntime:
         """The queue's runtime, made on first use (the name is checked)."""

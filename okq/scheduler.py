@@ -22,7 +22,7 @@ from okq.headers import headers_of
 from okq.keys import (
     item_id,
 )
-from okq.leases import LeaseObject, exhausted
+from okq.leases import IN_FLIGHT, LEASED, ItemState, LeaseObject, exhausted
 from okq.limits import check_lease_timeout, check_wait
 from okq.model import (
     Manifest,
@@ -31,6 +31,7 @@ from okq.model import (
     SegmentMeta,
     fresh_due_ms,
     fresh_ready_ms,
+    group_of,
     new_request_id,
 )
 from okq.tokens import TokenSigner
@@ -52,6 +53,7 @@ class LeasedItem:
     enqueue_at_ms: int | None = None
     meta: dict[str, Any] | None = None
     first_leased_ms: int | None = None  # when the item was first leased
+    seq: int | None = None  # its sequence number in its queue (SegmentMeta.seq)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -73,6 +75,22 @@ class _Summary:
     # (order_ms, index, due_ms) of every item of the segment as if never leased:
     # fixed by the segment's bytes, so derived once and kept for the next version.
     fresh: list[tuple[int, int, int]] | None = None
+    # (group, due_ms) of each item (an ordered queue's walk): fixed by the bytes too,
+    # and the groups among them (None: some item has no group).
+    layout: list[tuple[str | None, int]] | None = None
+    groups: frozenset[str | None] | None = None
+
+
+@dataclass(slots=True)
+class _Ordered:
+    """An ordered walk's pick: item ``index`` of ``sm``, leasable from ``due``, and
+    the (group, due) of every item of its segment."""
+
+    sm: SegmentMeta
+    index: int
+    due: int
+    group: str | None
+    layout: list[tuple[str | None, int]]
 
 
 class Scheduler:
@@ -166,16 +184,23 @@ class Scheduler:
             # another engine, or out of attempts and dead-lettered instead. Stop
             # after three passes in a row that changed nothing.
             while len(out) < n and idle < 3:
-                picks, next_ready = await self._pick(q, m, n - len(out))
-                if not picks:
-                    break
-                groups: dict[str, tuple[SegmentMeta, list[tuple[int, int]]]] = {}
-                for _, sid, idx, due, sm in picks:
-                    groups.setdefault(sid, (sm, []))[1].append((idx, due))
-                results = await asyncio.gather(*(
-                    self._lease_in(q, m.config, sm, w, lease_ms, fresh_cfg)
-                    for sm, w in groups.values()
-                ))
+                if m.config.fifo:
+                    ordered, next_ready = await self._pick_ordered(q, m, n - len(out))
+                    if not ordered:
+                        break
+                    results = await self._lease_ordered(q, m.config, ordered, lease_ms,
+                                                        fresh_cfg)
+                else:
+                    picks, next_ready = await self._pick(q, m, n - len(out))
+                    if not picks:
+                        break
+                    groups: dict[str, tuple[SegmentMeta, list[tuple[int, int]]]] = {}
+                    for _, sid, idx, due, sm in picks:
+                        groups.setdefault(sid, (sm, []))[1].append((idx, due))
+                    results = await asyncio.gather(*(
+                        self._lease_in(q, m.config, sm, w, lease_ms, fresh_cfg)
+                        for sm, w in groups.values()
+                    ))
                 progress = 0
                 for items, dead, _ in results:
                     out.extend(items)
@@ -187,6 +212,8 @@ class Scheduler:
                     m, fresh_cfg = await self.rt.manifest(q, 0), True
                     progress += 1
                 idle = 0 if progress else idle + 1
+                if lease_ms <= 0:
+                    break  # each delivery is over at once: another pass would lease them again
             return out, next_ready
 
     async def _pick(
@@ -198,15 +225,7 @@ class Scheduler:
         future ready time seen, for the long poll.
         """
         now = self.rt.clock.now_ms()
-        if q.seen_ver != m.ver:  # forget state of segments the manifest dropped
-            seen = q.seen_segments
-            if q.seen_ver < 0 or not (len(m.segments) >= len(seen)
-                                      and m.segments[:len(seen)] == seen):
-                live = {sm.id for sm in m.segments}  # not only appended to (a compaction)
-                for sid in [sid for sid in q.leases if sid not in live]:
-                    q.leases.pop(sid)
-                    q.summaries.pop(sid, None)
-            q.seen_ver, q.seen_segments = m.ver, list(m.segments)
+        _forget_dropped(q, m)
         backoff = int(self.rt.opts.contention_backoff * 1000)
         horizon = now + int(2000 * self.rt.opts.max_clock_skew)  # fresh items from clocks ahead
         cands: list[tuple[int, str, int, int, SegmentMeta]] = []
@@ -239,6 +258,70 @@ class Scheduler:
             self._note_stalled(q, sm, summary, now)
         cands.sort()
         return cands[:n], next_ready
+
+    async def _pick_ordered(self, q: QueueRuntime, m: Manifest, n: int
+                            ) -> tuple[list[_Ordered], int | None]:
+        """An ordered (fifo) queue's walk: up to n items, each the head of its group
+        or following the head in this same handout, and the earliest future time a
+        head becomes leasable (docs/DESIGN.md, "Ordered delivery"). A group with an
+        item in flight, or whose first unfinished item is not leasable now (waiting
+        for its retry time, scheduled, being dead-lettered, sealed for a merge), is
+        blocked: nothing of it is picked. Segments go in sequence order; in each, as
+        many items of the first group as it offers come before the next group's (as
+        SQS hands out a FIFO queue's messages: other consumers get the other groups),
+        and a handout of a group is taken from one segment. Items without a group are
+        picked in sequence order and block nothing."""
+        now = self.rt.clock.now_ms()
+        _forget_dropped(q, m)
+        blocked: set[str] = set()
+        picks: list[_Ordered] = []
+        soonest: list[int] = []
+        budget = [self.rt.opts.lease_state_reads]
+        for sm in _seq_order(m):
+            cell = self.rt.lease_cell(q, sm.id)
+            try:
+                summary = await self._summary(q, sm, cell, now, budget)
+                layout = summary.layout
+                if layout is None:
+                    layout = summary.layout = _layout(sm, await self.rt.segment(q, sm))
+            except ObjectNotFound:
+                # Removed by a compactor since this manifest was read: its items may
+                # be in a merged segment this manifest does not list, so nothing
+                # after it may be picked before a fresh manifest is read.
+                q.manifest.forget()
+                break
+            self._note_stalled(q, sm, summary, now)
+            if summary.groups is None:
+                summary.groups = frozenset(g for g, _ in layout)
+            if None not in summary.groups and summary.groups <= blocked:
+                continue  # every group here is held: nothing here can be picked
+            for run in _ordered_runs(sm, cell.view(), layout, now, blocked, n, soonest):
+                picks.extend(run[:n - len(picks)])
+                if len(picks) == n:
+                    return picks, min(soonest, default=None)
+        return picks, min(soonest, default=None)
+
+    async def _lease_ordered(self, q: QueueRuntime, cfg: QueueConfig, picks: list[_Ordered],
+                             lease_ms: int, fresh_cfg: bool
+                             ) -> list[tuple[list[LeasedItem], int, bool]]:
+        """Lease an ordered walk's picks segment by segment in sequence order: a group
+        whose item could not be leased (taken meanwhile, out of attempts) has none of
+        its later items leased in this handout."""
+        runs: list[tuple[SegmentMeta, list[_Ordered]]] = []
+        for pick in picks:
+            if runs and runs[-1][0].id == pick.sm.id:
+                runs[-1][1].append(pick)
+            else:
+                runs.append((pick.sm, [pick]))
+        failed: set[str] = set()
+        results = []
+        for sm, run in runs:
+            wanted = [p for p in run if p.group is None or p.group not in failed]
+            if wanted:
+                results.append(await self._lease_in(
+                    q, cfg, sm, [(p.index, p.due) for p in wanted], lease_ms, fresh_cfg,
+                    wanted[0].layout, failed))
+        return results
 
     def _note_stalled(self, q: QueueRuntime, sm: SegmentMeta, summary: _Summary, now: int) -> None:
         """Remember half-done items older than the grace, to help after the lock."""
@@ -273,7 +356,9 @@ class Scheduler:
         if fresh is None and len(obj.items) < sm.count:
             # Only fresh items need the segment (for their enqueue time).
             fresh = _fresh(sm, await self.rt.segment(q, sm))
-        summary = _Summary(*tr.summarise(obj, sm.count, fresh), fresh)
+        summary = _Summary(*tr.summarise(obj, sm.count, fresh), fresh,
+                           *((cached[1].layout, cached[1].groups) if cached is not None
+                             else (None, None)))
         q.summaries[sm.id] = (cell.data, summary)
         return summary
 
@@ -285,19 +370,29 @@ class Scheduler:
         wanted: list[tuple[int, int]],
         lease_ms: int,
         fresh_cfg: bool,
+        layout: list[tuple[str | None, int]] | None = None,
+        failed: set[str] | None = None,
     ) -> tuple[list[LeasedItem], int, bool]:
         """Lease what is still available of ``wanted``; returns the items, how many
         were dead-lettered instead (out of attempts), and whether some were left
-        alone because only a fresh config may dead-letter them."""
+        alone because only a fresh config may dead-letter them.
+
+        ``layout`` (an ordered queue's lease: the (group, due) of each item of the
+        segment, ``wanted`` in sequence order): an item is leased only while no item
+        of its group in the segment is in flight and every earlier wanted item of its
+        group was; the groups stopped are added to ``failed``."""
         cell = self.rt.lease_cell(q, sm.id)
         rq = new_request_id()
         held_back = False
+        stopped: set[str] = set()
 
         def lease(obj: LeaseObject, now: int) -> object:
-            nonlocal held_back
+            nonlocal held_back, stopped
             # A re-apply after an ambiguous write that another writer overwrote
             # finds this request's own leases: they are answered, not stranded.
             mine, mine_dead, rest = tr.recognise(obj, wanted, rq)
+            if layout is not None:
+                rest, stopped = _in_order(obj, rest, layout, now, cfg.max_attempts)
             if not fresh_cfg and cfg.max_attempts:
                 kept = [w for w in rest if not exhausted(obj, w[0], cfg.max_attempts)]
                 held_back = len(kept) < len(rest)
@@ -307,6 +402,10 @@ class Scheduler:
             return result if leased or dead else Unchanged(result)
 
         leased, dead = await cell.update(lease)
+        if failed is not None:
+            failed |= stopped
+        if layout is not None:
+            leased = sorted(leased, key=lambda x: x.index)  # a re-apply's own come first
         seg = await self.rt.segment(q, sm)
         for idx in dead:
             q.stalled[(sm.id, idx)] = sm  # moved to the dead-letter queue after the lock
@@ -324,8 +423,127 @@ def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg
         # Positional, in the field order: a lease of 100 makes 100 of these.
         out.append(LeasedItem(item_id(sm.id, x.index), queue, token, x.attempts,
                               x.deadline_ms, item.payload, item.born_ms or sm.created_ms,
-                              item.enqueue_at_ms, item.meta, x.first_ms))
+                              item.enqueue_at_ms, item.meta, x.first_ms,
+                              sm.item_seq(x.index, item)))
     return out
+
+
+def _forget_dropped(q: QueueRuntime, m: Manifest) -> None:
+    """Forget the lease cells and summaries of segments the manifest dropped."""
+    if q.seen_ver == m.ver:
+        return
+    seen = q.seen_segments
+    if q.seen_ver < 0 or not (len(m.segments) >= len(seen)
+                              and m.segments[:len(seen)] == seen):
+        live = {sm.id for sm in m.segments}  # not only appended to (a compaction)
+        for sid in [sid for sid in q.leases if sid not in live]:
+            q.leases.pop(sid)
+            q.summaries.pop(sid, None)
+    q.seen_ver, q.seen_segments = m.ver, list(m.segments)
+
+
+def _ordered_runs(sm: SegmentMeta, obj: LeaseObject | None,
+                  layout: list[tuple[str | None, int]], now: int, blocked: set[str],
+                  n: int, soonest: list[int]) -> list[list[_Ordered]]:
+    """What an ordered walk may pick in one segment, as runs in the order of their
+    first item: each group's leasable items from its head on (up to ``n``), and each
+    item without a group alone. Adds the segment's groups to ``blocked`` (those held,
+    and those picked: a handout of a group stays in one segment), and the future
+    times at which a held head becomes leasable to ``soonest``."""
+    states = obj.items if obj is not None else {}
+    sealed = obj is not None and obj.sealed
+    blocked |= _busy_groups(states, layout, now, soonest)
+    runs: list[list[_Ordered]] = []
+    by_group: dict[str, list[_Ordered]] = {}
+    for idx, (group, due) in enumerate(layout):
+        if group is not None and group in blocked:
+            continue
+        st = states.get(idx)
+        if st is not None and st.s in tr.FINISHED:
+            continue
+        at = None if sealed else tr.ready_at(st, due)
+        if at is not None and at <= now:
+            pick = _Ordered(sm, idx, due, group, layout)
+            if group is None:
+                runs.append([pick])
+            elif group not in by_group:
+                runs.append(by_group.setdefault(group, [pick]))
+            elif len(by_group[group]) < n:
+                by_group[group].append(pick)
+            continue
+        if at is not None:
+            soonest.append(at)
+        if group is not None:
+            blocked.add(group)  # held here: nothing after this of it
+    blocked.update(by_group)
+    return runs
+
+
+def _busy_groups(states: dict[int, ItemState], layout: list[tuple[str | None, int]],
+                 now: int, soonest: list[int] | None = None) -> set[str]:
+    """The groups with an item in flight in a segment: leased (the lease not over),
+    being dead-lettered, or having its outputs published. All of a group's items in
+    flight are in one segment, its head's: a handout of a group is taken from one
+    segment, starting at its head, and the head never moves back. Adds the lease
+    deadlines of those groups' items to ``soonest`` (a long poll looks again then)."""
+    busy: set[str] = set()
+    for index, st in states.items():
+        if st.s in IN_FLIGHT and (st.s != LEASED or st.t > now) and index < len(layout):
+            group = layout[index][0]
+            if group is not None:
+                busy.add(group)
+                if soonest is not None and st.s == LEASED:
+                    soonest.append(st.t)
+    return busy
+
+
+def _in_order(obj: LeaseObject, rest: list[tuple[int, int]],
+              layout: list[tuple[str | None, int]], now: int,
+              max_attempts: int) -> tuple[list[tuple[int, int]], set[str]]:
+    """What an ordered lease may take of ``rest`` (in sequence order): an item of a
+    group only while no item of the group here is in flight and each earlier one of
+    it here is taken. One not available any more (leased by another, sealed) stops
+    its group, and so does one out of attempts (it goes to the dead-letter path, not
+    out): returns the groups stopped. Checked on the lease object the change is
+    written to, so another engine's handout of the group from this segment, however
+    recent, is seen."""
+    keep: list[tuple[int, int]] = []
+    stopped = _busy_groups(obj.items, layout, now)
+    for index, due in rest:
+        group = layout[index][0] if index < len(layout) else None
+        if group is not None and group in stopped:
+            continue
+        st = obj.items.get(index)
+        if obj.sealed or not tr.is_available(st, due, now):
+            if group is not None:
+                stopped.add(group)
+            continue
+        keep.append((index, due))
+        if group is not None and max_attempts and exhausted(obj, index, max_attempts):
+            stopped.add(group)
+    return keep, stopped
+
+
+def _layout(sm: SegmentMeta, seg: Segment) -> list[tuple[str | None, int]]:
+    """(group, due) of each item of a segment, for an ordered walk."""
+    return [(group_of(item.meta), fresh_due_ms(sm, item)) for item in seg.items[:sm.count]]
+
+
+_SEQ_ORDER: dict[tuple[str, int, str], list[SegmentMeta]] = {}
+
+
+def _seq_order(m: Manifest) -> list[SegmentMeta]:
+    """An ordered queue's segments by sequence number (a merged segment is listed
+    last but holds the earliest items; one without a number, listed by an okq
+    before ordered delivery, goes first in list order)."""
+    key = (m.queue, m.ver, m.nonce)
+    order = _SEQ_ORDER.get(key)
+    if order is None:
+        if len(_SEQ_ORDER) > 256:
+            _SEQ_ORDER.clear()
+        order = _SEQ_ORDER[key] = sorted(m.segments,
+                                         key=lambda sm: -1 if sm.seq is None else sm.seq)
+    return order
 
 
 _SCAN_ORDER: dict[tuple[str, int, str], list[SegmentMeta]] = {}

@@ -35,6 +35,8 @@ from okq.clock import assume_utc
 from okq.headers import check_headers, split_meta
 from okq.limits import (
     DELAY_MAX,
+    GROUP_MAX,
+    GROUP_PATTERN,
     LEASE_TIMEOUT_MAX,
     LEASE_TIMEOUT_MIN,
     MAX_ATTEMPTS_MAX,
@@ -118,6 +120,21 @@ class ErrorBody(Reply):
     details: dict[str, Any] = {}
 
 
+_GROUP = re.compile(GROUP_PATTERN)
+
+
+def _group(value: str) -> str:
+    if not 1 <= len(value) <= GROUP_MAX or not _GROUP.fullmatch(value):
+        raise ValueError(f"a message group is 1 to {GROUP_MAX} letters, digits and ASCII "
+                         f"punctuation; got {value[:40]!r}")
+    return value
+
+
+Group = Annotated[str, AfterValidator(_group),
+                  WithJsonSchema({"type": "string", "minLength": 1, "maxLength": GROUP_MAX,
+                                  "pattern": GROUP_PATTERN})]
+
+
 class ProduceItem(Body):
     bytes: Payload | None = Field(None, description="the payload (base64 in JSON)")
     utf8: Text | None = Field(None, description="the payload as text, instead of bytes")
@@ -129,6 +146,11 @@ class ProduceItem(Body):
     headers: Headers = Field(None, description="string headers, kept with the item")
     delay: float | None = Field(None, ge=0, le=DELAY_MAX, description="deliver no "
                                 "earlier than this many seconds from now (the node's clock)")
+    group: Group | None = Field(
+        None,
+        description="message group: on an ordered (fifo) queue, the items of a group are "
+        "handed out in the order they were produced, one handout at a time; the item's "
+        "meta shows it as 'group'")
 
     @model_validator(mode="after")
     def _one_payload(self) -> ProduceItem:
@@ -380,6 +402,10 @@ class QueueSettings(Body):
 
 class QueueCreate(QueueSettings):
     name: QueueName
+    fifo: bool | None = Field(
+        None, description="ordered delivery: the items of a message group are handed out "
+        "in the order they were produced, one handout of a group at a time (default "
+        "false); set here, never changed")
 
 
 class QueueUpdate(QueueSettings):
@@ -407,6 +433,7 @@ class QueueInfoOut(Reply):
     retention_dead_letter: bool
     partitions: int = 1  # absent from the replies of okq before partitions
     read_only: list[int] = Field(default_factory=list)
+    fifo: bool = False  # absent from the replies of okq before ordered delivery
     created_at: datetime
     segments: int
     produced: int

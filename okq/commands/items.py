@@ -48,14 +48,16 @@ def _merged(headers: dict[str, str], item: s.ProduceItem, lineno: int) -> dict[s
 
 def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
                key: str | None, enqueue_at: datetime | None,
-               headers: dict[str, str] | None = None) -> Iterator[s.ProduceItem]:
+               headers: dict[str, str] | None = None,
+               group: str | None = None) -> Iterator[s.ProduceItem]:
     """Items from arguments, or one per line of a file or stdin ('-'); ``headers`` on
-    each (a JSON line's own headers win over them)."""
+    each (a JSON line's own headers win over them), and ``group`` on each (unless a
+    JSON line names its own)."""
     from okq import wire as s
 
     if payloads:
         for n, p in enumerate(payloads):
-            yield s.ProduceItem(utf8=p, enqueue_at=enqueue_at, headers=headers,
+            yield s.ProduceItem(utf8=p, enqueue_at=enqueue_at, headers=headers, group=group,
                                 key=f"{key}:{n}" if key and len(payloads) > 1 else key)
         return
     stream = sys.stdin if file in (None, "-") else open(file, encoding="utf-8")
@@ -70,10 +72,12 @@ def read_items(payloads: tuple[str, ...], file: str | None, jsonl: bool,
                     item.enqueue_at = enqueue_at
                 if headers:
                     item = item.model_copy(update={"headers": _merged(headers, item, lineno)})
+                if group is not None and item.group is None:
+                    item.group = group
                 yield item
             else:
                 yield s.ProduceItem(utf8=line, enqueue_at=enqueue_at, headers=headers,
-                                    key=f"{key}:{lineno}" if key else None)
+                                    group=group, key=f"{key}:{lineno}" if key else None)
 
 
 def parse_jsonl_item(line: str, lineno: int) -> s.ProduceItem:
@@ -89,7 +93,8 @@ def parse_jsonl_item(line: str, lineno: int) -> s.ProduceItem:
         return s.ProduceItem(utf8=raw)
     if not isinstance(raw, dict):
         raise ValueError(f"line {lineno}: expected an object or a string")
-    item = {k: raw[k] for k in ("utf8", "bytes", "enqueue_at", "key", "headers") if k in raw}
+    item = {k: raw[k] for k in ("utf8", "bytes", "enqueue_at", "key", "headers", "group")
+            if k in raw}
     if not item.keys() & {"utf8", "bytes"}:
         item["utf8"] = json.dumps(raw)  # a plain JSON record: the record is the payload
     try:
@@ -105,16 +110,18 @@ def parse_jsonl_item(line: str, lineno: int) -> s.ProduceItem:
 @click.argument("payloads", nargs=-1)
 @click.option("--file", "-f", help="read items from a file, one per line ('-': stdin)")
 @click.option("--jsonl", is_flag=True,
-              help="lines are JSON: an item {utf8|bytes, enqueue_at, key, headers} or any "
-              "record")
+              help="lines are JSON: an item {utf8|bytes, enqueue_at, key, headers, group} or "
+              "any record")
 @click.option("--key", help="idempotency key (with several items: KEY:N)")
 @click.option("--at", "at", help="deliver no earlier than this (RFC 3339, or +SECONDS)")
 @click.option("--header", "headers", multiple=True, callback=parse_headers,
               metavar="NAME=VALUE", help="a header on every item (repeatable)")
+@click.option("--group", help="the message group of every item (an ordered queue hands "
+              "out a group's items in order)")
 @run
 async def produce(ctx: Ctx, c: Client, queue: str, payloads: tuple[str, ...],
                   file: str | None, jsonl: bool, key: str | None, at: str | None,
-                  headers: dict[str, str] | None) -> None:
+                  headers: dict[str, str] | None, group: str | None) -> None:
     """Produce items from arguments, a file or stdin."""
     if not payloads and file is None and sys.stdin.isatty():
         raise click.UsageError("give payloads as arguments, --file, or pipe them to stdin")
@@ -122,7 +129,12 @@ async def produce(ctx: Ctx, c: Client, queue: str, payloads: tuple[str, ...],
     jsonl = jsonl or bool(file and file.endswith(".jsonl"))
     # Read and check every item first: a bad line fails the command before anything
     # is produced, so fixing the file and running again duplicates nothing.
-    all_items = list(read_items(payloads, file, jsonl, key, enqueue_at, headers))
+    from pydantic import ValidationError
+
+    try:
+        all_items = list(read_items(payloads, file, jsonl, key, enqueue_at, headers, group))
+    except ValidationError as exc:  # --group: checked as the node would
+        raise click.BadParameter(exc.errors()[0]["msg"], param_hint="--group") from None
     if not all_items:
         raise click.UsageError("nothing to produce: the input holds no items")
     bar = progress(ctx, len(all_items), "producing")

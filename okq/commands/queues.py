@@ -58,6 +58,9 @@ def queues() -> None:
 @queues.command("create")
 @click.argument("name")
 @queue_settings
+@click.option("--fifo", is_flag=True, default=None,
+              help="ordered delivery: a message group's items are handed out in order, one "
+              "handout at a time (set at create, never changed)")
 @run
 async def queues_create(ctx: Ctx, c: Client, name: str, **settings: Any) -> None:
     """Create a queue."""

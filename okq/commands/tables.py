@@ -23,7 +23,8 @@ def info_table(infos: list[s.QueueInfoOut]) -> Table:
     t = Table("queue", "lease timeout", "retention", "max attempts", "dead queue", "partitions",
               "produced")
     for i in infos:
-        t.add_row(i.name, f"{i.lease_timeout:g}s", f"{i.retention:g}s",
+        t.add_row(i.name + (" (fifo)" if i.fifo else ""), f"{i.lease_timeout:g}s",
+                  f"{i.retention:g}s",
                   str(i.max_attempts or "unlimited"), i.dead_queue or "-",
                   str(i.partitions) + (f" ({len(i.read_only)} read-only)" if i.read_only
                                        else ""),

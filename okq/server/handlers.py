@@ -27,7 +27,7 @@ from okq.engine import BrowsedItem, QueueInfo
 from okq.errors import Forbidden, InvalidRequest, OkqError
 from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, Misdirected, verify
 from okq.headers import split_meta, with_headers
-from okq.model import QueueConfig
+from okq.model import QueueConfig, with_group
 from okq.ops import Context, Outputs, Retry
 from okq.publisher import NewItem, Produced
 from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
@@ -139,7 +139,7 @@ def _info(i: QueueInfo) -> s.QueueInfoOut:
         name=i.name, lease_timeout=c.lease_timeout, retention=c.retention,
         max_attempts=c.max_attempts, dead_queue=c.dead_queue,
         retention_dead_letter=c.retention_dead_letter, partitions=c.partitions,
-        read_only=c.read_only,
+        read_only=c.read_only, fifo=c.fifo,
         created_at=dt(i.created_ms),
         segments=i.segments, produced=i.produced,
     )
@@ -162,7 +162,7 @@ async def _new_items(request: web.Request, items: list[s.ProduceItem], *,
         now_ms = (await request.app[TENANTS].pipeline(request[NAMESPACE])).clock.now_ms()
     return [NewItem(i.payload(),
                     ms(i.enqueue_at) if i.delay is None else now_ms + int(i.delay * 1000),
-                    i.key if keys else None, with_headers(None, i.headers))
+                    i.key if keys else None, with_group(with_headers(None, i.headers), i.group))
             for i in items]
 
 

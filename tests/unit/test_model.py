@@ -348,7 +348,7 @@ def test_lease_object_without_sealed_decodes_unsealed() -> None:
         ("manifest", "config", {"lease_timeout": -1}),
         ("manifest", "config", {"unknown": 1}),
         ("segment", "items", [[]]),
-        ("segment", "items", [[b"p", None, None, 1, 2]]),
+        ("segment", "items", [[b"p", None, None, 1, 2, 3]]),
         ("segment", "items", [5]),
         ("segment", "items", 5),
         ("lease", "items", {0: ["L", 1]}),
