@@ -27,19 +27,23 @@ Semantics decided here (docs/SQS.md says why):
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from okq.admin import QueueInfo
 from okq.errors import InvalidRequest, InvalidToken, LeaseLost
+from okq.keys import split_partition
 from okq.leases import left_queue
-from okq.model import dead_letter_source, item_origin
+from okq.limits import PARTITIONS_MAX
+from okq.model import dead_letter_source, group_of, item_origin, with_group
 from okq.publisher import NewItem
 from okq.scheduler import LeasedItem
 from okq.service import Retry
 from okq.sqs import messages as msg
-from okq.sqs.errors import SqsError, invalid, invalid_value
+from okq.sqs import queues as qa
+from okq.sqs.errors import SqsError, invalid, invalid_value, missing
 from okq.sqs.move_actions import MoveActions
 from okq.sqs.moves import Moves
 from okq.sqs.params import (
@@ -134,6 +138,10 @@ class SqsApi(MoveActions):
         if size > limit:
             raise invalid(f"One or more parameters are invalid. Reason: Message must be "
                           f"shorter than {limit} bytes.")
+        fifo = info.config.fifo
+        if fifo and params.get("DelaySeconds") is not None:
+            raise invalid_value("DelaySeconds", params["DelaySeconds"], "The request include "
+                                "parameter that is not valid for this queue type.")
         delay = int_param(params, "DelaySeconds", 0, 900, int(kept.get("DelaySeconds", "0")))
         meta: dict[str, Any] = {}
         if call.access_key:
@@ -149,15 +157,36 @@ class SqsApi(MoveActions):
                 if not isinstance(value, str) or not _DEDUP_ID.fullmatch(value):
                     raise invalid_value(param, value, "1 to 128 printable ASCII characters")
                 meta[short] = value
+        group = meta.get("group")
         key = meta.get("dedup")
+        if fifo:
+            key = self._fifo_key(info, group, key, body)
         enqueue_at = call.service.now_ms() + delay * 1000 if delay else None
-        item = NewItem(body.encode(), enqueue_at, key, {msg.META_KEY: meta} if meta else None)
+        item = NewItem(body.encode(), enqueue_at, key,
+                       with_group({msg.META_KEY: meta} if meta else None, group))
         reply: dict[str, Any] = {"MD5OfMessageBody": msg.md5_of_body(body)}
         if attributes:
             reply["MD5OfMessageAttributes"] = msg.md5_of_attributes(attributes)
         if system:
             reply["MD5OfMessageSystemAttributes"] = msg.md5_of_attributes(system)
         return item, reply, size
+
+    @staticmethod
+    def _fifo_key(info: QueueInfo, group: str | None, dedup: str | None, body: str) -> str:
+        """A FIFO send's idempotency key: its deduplication id, or its body's SHA-256
+        with ContentBasedDeduplication, within its message group when the queue's
+        DeduplicationScope is messageGroup. okq keeps a key for the SQS window of 5
+        minutes (``--idem-window``), so a send repeated within it adds nothing."""
+        if group is None:
+            raise missing("MessageGroupId")
+        if dedup is None:
+            if qa.fifo_setting(info, "ContentBasedDeduplication") != "true":
+                raise invalid("The queue should either have ContentBasedDeduplication "
+                              "enabled or MessageDeduplicationId provided explicitly")
+            dedup = hashlib.sha256(body.encode()).hexdigest()
+        if qa.fifo_setting(info, "DeduplicationScope") == "messageGroup":
+            return f"{group}\x00{dedup}"
+        return dedup
 
     async def do_ReceiveMessage(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         queue = self.queue_of(call, params)
@@ -207,8 +236,9 @@ class SqsApi(MoveActions):
             "ApproximateFirstReceiveTimestamp": str(first),
             "SenderId": kept.get("sender"),
             "AWSTraceHeader": kept.get("trace"),
-            "MessageGroupId": kept.get("group"),
+            "MessageGroupId": kept.get("group") or group_of(item.meta),
             "MessageDeduplicationId": kept.get("dedup"),
+            "SequenceNumber": _sequence_number(item),
             "DeadLetterQueueSourceArn": call.names.arn(source) if source else None,
         }
         return {k: str(v) for k, v in known.items()
@@ -314,3 +344,13 @@ class SqsApi(MoveActions):
 
     async def close(self) -> None:
         await self.moves.close()
+
+
+def _sequence_number(item: LeasedItem) -> str | None:
+    """A message's SequenceNumber: its sequence number in its partition, made unique
+    across the queue's partitions (at most PARTITIONS_MAX), 20 digits as SQS shows
+    it; it grows within a message group, whose items share a partition."""
+    if item.seq is None:
+        return None
+    partition = split_partition(item.queue)[1]
+    return f"{item.seq * PARTITIONS_MAX + partition:020d}"

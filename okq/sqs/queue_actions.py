@@ -45,13 +45,17 @@ class QueueActions:
             return await call.service.queue(queue, max_age)
 
     async def do_CreateQueue(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
-        name = qa.check_queue_name(str_param(params, "QueueName"))
         attributes = params.get("Attributes") or {}
         changes = qa.changes(attributes, call.names, creating=True)
+        name = qa.check_queue_name(str_param(params, "QueueName"), changes.get("fifo", False))
+        qa.check_fifo_settings(None, changes)
         tags = qa.tag_changes({}, params.get("tags"), None) if params.get("tags") else {}
-        await self._check_redrive(call, name, changes)
+        await self._check_redrive(call, name, changes, changes.get("fifo", False))
         kept = {k: v for k, v in {**changes.pop("attributes", {}), **tags}.items()
                 if v is not None}
+        if changes.get("fifo") and kept.get("DeduplicationScope") != "messageGroup":
+            # deduplication over the whole queue needs its keys in one partition
+            changes["partitions"] = 1
         config = QueueConfig.model_validate({**changes, "attributes": kept})
         exists = False
         with sqs_errors():
@@ -68,14 +72,16 @@ class QueueActions:
         info = await self.info(call, name)
         have = qa.render(info, call.names, [a for a in attributes if a in qa.ALL], None)
         for key, value in attributes.items():
-            if key in qa.FIFO_ONLY:
-                continue
+            if key == "FifoQueue":
+                continue  # the name says it: only a FIFO queue's ends with .fifo
             if not qa.same_value(key, have.get(key, qa.KEPT.get(key, ("",))[0]), str(value)):
                 raise SqsError("QueueNameExists", f"A queue already exists with the same name "
                                f"and a different value for attribute {key}")
 
-    async def _check_redrive(self, call: Call, source: str, changes: dict[str, Any]) -> None:
-        """A redrive policy's dead-letter queue must exist and allow this source."""
+    async def _check_redrive(self, call: Call, source: str, changes: dict[str, Any],
+                             fifo: bool) -> None:
+        """A redrive policy's dead-letter queue must exist, allow this source and be of
+        its type (FIFO or standard)."""
         dead = changes.get("dead_queue")
         if dead is None:
             return
@@ -90,6 +96,9 @@ class QueueActions:
         if not qa.redrive_allowed(info, call.names.arn(source)):
             raise invalid("Value for parameter RedrivePolicy is invalid. Reason: the "
                           "dead-letter queue's RedriveAllowPolicy does not allow this queue.")
+        if info.config.fifo != fifo:
+            raise invalid("Value for parameter RedrivePolicy is invalid. Reason: Dead-letter "
+                          "queue must be same type of queue as the source.")
 
     async def do_GetQueueUrl(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         name = str_param(params, "QueueName")
@@ -154,9 +163,10 @@ class QueueActions:
         attributes = params.get("Attributes")
         if not attributes:
             raise missing("Attributes")
-        changes = qa.changes(attributes, call.names, creating=False)
-        await self.info(call, queue)
-        await self._check_redrive(call, queue, changes)
+        info = await self.info(call, queue)
+        changes = qa.changes(attributes, call.names, creating=False, fifo=info.config.fifo)
+        qa.check_fifo_settings(info, changes)
+        await self._check_redrive(call, queue, changes, info.config.fifo)
         changes.setdefault("attributes", {})["LastModifiedTimestamp"] = str(int(time.time()))
         with sqs_errors():
             await call.service.update_queue(queue, **changes)

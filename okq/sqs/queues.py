@@ -37,7 +37,14 @@ COUNTS = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"
 READ_ONLY = ("QueueArn", "CreatedTimestamp", "LastModifiedTimestamp", *COUNTS)
 FIFO_ONLY = ("FifoQueue", "ContentBasedDeduplication", "DeduplicationScope",
              "FifoThroughputLimit")
-ALL = (*READ_ONLY, *OWN, *KEPT)
+#: A FIFO queue's own attributes kept in ``attributes``: their defaults and values.
+FIFO_KEPT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ContentBasedDeduplication": ("false", ("true", "false")),
+    "DeduplicationScope": ("queue", ("queue", "messageGroup")),
+    "FifoThroughputLimit": ("perQueue", ("perQueue", "perMessageGroupId")),
+}
+ALL = (*READ_ONLY, *OWN, *KEPT, *FIFO_ONLY)
+FIFO_SUFFIX = ".fifo"
 TAG = "tag:"
 MAX_TAGS = 50
 SQS_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}")
@@ -67,16 +74,34 @@ class Names:
         return m[3]
 
 
-def check_queue_name(name: Any) -> str:
-    """A name SQS accepts for a new queue (``.fifo`` names are refused: no FIFO queues)."""
-    if isinstance(name, str) and name.endswith(".fifo"):
-        raise SqsError("UnsupportedOperation",
-                       "FIFO queues are not supported by okq: create a standard queue")
+def check_queue_name(name: Any, fifo: bool = False) -> str:
+    """A name SQS accepts for a new queue: a FIFO queue's ends with ``.fifo``, and only
+    a FIFO queue's does."""
+    if fifo:
+        if not (isinstance(name, str) and name.endswith(FIFO_SUFFIX) and len(name) <= 80
+                and SQS_NAME.fullmatch(name.removesuffix(FIFO_SUFFIX))):
+            raise SqsError("InvalidParameterValue",
+                           "The name of a FIFO queue can only include alphanumeric "
+                           "characters, hyphens, or underscores, must end with .fifo suffix "
+                           "and be 1 to 80 in length.")
+        return name
+    if isinstance(name, str) and name.endswith(FIFO_SUFFIX):
+        raise SqsError("InvalidParameterValue", "A queue whose name ends with .fifo is a FIFO "
+                       "queue: set its FifoQueue attribute to true.")
     if not isinstance(name, str) or not SQS_NAME.fullmatch(name):
         raise SqsError("InvalidParameterValue",
                        "Can only include alphanumeric characters, hyphens, or underscores. "
                        "1 to 80 in length")
     return name
+
+
+def _fifo_value(info: QueueInfo, name: str) -> str:
+    return "true" if name == "FifoQueue" else fifo_setting(info, name)
+
+
+def fifo_setting(info: QueueInfo, name: str) -> str:
+    """A FIFO queue's attribute ``name`` (of FIFO_KEPT), its default when not set."""
+    return info.config.attributes.get(name, FIFO_KEPT[name][0])
 
 
 def render(info: QueueInfo, names: Names, wanted: list[str],
@@ -85,45 +110,59 @@ def render(info: QueueInfo, names: Names, wanted: list[str],
     cfg, kept = info.config, info.config.attributes
     out: dict[str, str] = {}
     for name in wanted:
-        if name in COUNTS:
+        if name in FIFO_ONLY:
+            if cfg.fifo:  # a standard queue has none of them
+                out[name] = _fifo_value(info, name)
+        elif name in COUNTS:
             out[name] = str((counts or {}).get(name, 0))
-        elif name == "QueueArn":
-            out[name] = names.arn(info.name)
-        elif name == "CreatedTimestamp":
-            out[name] = str(info.created_ms // 1000)
-        elif name == "LastModifiedTimestamp":
-            out[name] = kept.get(name, str(info.created_ms // 1000))
-        elif name == "VisibilityTimeout":
-            out[name] = str(int(cfg.lease_timeout))
-        elif name == "MessageRetentionPeriod":
-            out[name] = str(int(cfg.retention))
-        elif name == "RedrivePolicy":
-            if cfg.dead_queue is not None and cfg.max_attempts:
-                out[name] = json.dumps({"deadLetterTargetArn": names.arn(cfg.dead_queue),
-                                        "maxReceiveCount": cfg.max_attempts})
+        elif name in READ_ONLY or name in OWN:
+            value = _own(info, names, name)
+            if value is not None:
+                out[name] = value
         elif kept.get(name, KEPT[name][0]):
             out[name] = kept.get(name, KEPT[name][0])
     return out
 
 
-def changes(attributes: Any, names: Names, *, creating: bool) -> dict[str, Any]:
-    """``update_queue`` changes (``attributes`` merged key by key) from SQS attributes."""
+def _own(info: QueueInfo, names: Names, name: str) -> str | None:
+    """An attribute the queue's own settings or its info hold (None: not set)."""
+    cfg = info.config
+    if name == "QueueArn":
+        return names.arn(info.name)
+    if name == "CreatedTimestamp":
+        return str(info.created_ms // 1000)
+    if name == "LastModifiedTimestamp":
+        return cfg.attributes.get(name, str(info.created_ms // 1000))
+    if name == "VisibilityTimeout":
+        return str(int(cfg.lease_timeout))
+    if name == "MessageRetentionPeriod":
+        return str(int(cfg.retention))
+    if cfg.dead_queue is not None and cfg.max_attempts:  # RedrivePolicy
+        return json.dumps({"deadLetterTargetArn": names.arn(cfg.dead_queue),
+                           "maxReceiveCount": cfg.max_attempts})
+    return None
+
+
+def changes(attributes: Any, names: Names, *, creating: bool,
+            fifo: bool = False) -> dict[str, Any]:
+    """``update_queue`` changes (``attributes`` merged key by key) from SQS attributes.
+    ``fifo``: whether the queue is a FIFO queue (when ``creating``, its ``FifoQueue``
+    attribute says, and ``fifo`` is then in the changes)."""
     if attributes is None:
         return {}
     if not isinstance(attributes, dict):
         raise SqsError("InvalidParameterValue", "Attributes must be a map of names to values")
     out: dict[str, Any] = {}
     kept: dict[str, str | None] = {}
-    for name, value in attributes.items():
-        if not isinstance(value, str):
-            value = str(value)
+    if creating:
+        fifo = str(attributes.get("FifoQueue", "false")).lower() == "true"
+        if fifo:
+            out["fifo"] = True
+    for name, raw in attributes.items():
+        value = raw if isinstance(raw, str) else str(raw)
         if name in FIFO_ONLY:
-            if name == "FifoQueue" and value.lower() == "false" and creating:
-                continue
-            raise SqsError("InvalidAttributeName" if name != "FifoQueue" or not creating
-                           else "UnsupportedOperation",
-                           f"{name}: FIFO queues are not supported by okq")
-        if name == "VisibilityTimeout":
+            _fifo_attribute(name, value, creating=creating, fifo=fifo, kept=kept)
+        elif name == "VisibilityTimeout":
             out["lease_timeout"] = max(0.1, _integer(name, value, 0, 43_200))
         elif name == "MessageRetentionPeriod":
             out["retention"] = _integer(name, value, 60, 1_209_600)
@@ -136,6 +175,43 @@ def changes(attributes: Any, names: Names, *, creating: bool) -> dict[str, Any]:
     if kept:
         out["attributes"] = kept
     return out
+
+
+def _fifo_attribute(name: str, value: str, *, creating: bool, fifo: bool,
+                    kept: dict[str, str | None]) -> None:
+    """Check a FIFO attribute; keep those kept in ``attributes``."""
+    if name == "FifoQueue":
+        if not creating:
+            raise SqsError("InvalidAttributeName", "FifoQueue is set when a queue is "
+                           "created and cannot be changed.")
+        if value.lower() not in ("true", "false"):
+            raise SqsError("InvalidAttributeValue",
+                           f"Invalid value for the parameter FifoQueue: {value!r}.")
+        return
+    if not fifo:
+        raise SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
+    if value not in FIFO_KEPT[name][1]:
+        raise SqsError("InvalidAttributeValue", f"Invalid value for the parameter "
+                       f"{name}: one of {', '.join(FIFO_KEPT[name][1])}.")
+    kept[name] = value
+
+
+def check_fifo_settings(info: QueueInfo | None, changes: dict[str, Any]) -> None:
+    """SQS's rule for a FIFO queue's throughput: per message group only with
+    deduplication per message group (``info``: the queue before the change)."""
+    kept = {**(info.config.attributes if info is not None else {}),
+            **changes.get("attributes", {})}
+    if (kept.get("FifoThroughputLimit") == "perMessageGroupId"
+            and kept.get("DeduplicationScope", "queue") != "messageGroup"):
+        raise SqsError("InvalidAttributeValue", "Invalid value for the parameter "
+                       "FifoThroughputLimit: perMessageGroupId needs DeduplicationScope "
+                       "messageGroup.")
+    if (info is not None and info.config.fifo and info.config.partitions > 1
+            and kept.get("DeduplicationScope", "queue") != "messageGroup"):
+        raise SqsError("InvalidAttributeValue", "Invalid value for the parameter "
+                       "DeduplicationScope: this queue is spread over "
+                       f"{info.config.partitions} partitions by message group (okq), so its "
+                       "deduplication ids are per message group.")
 
 
 def same_value(name: str, have: str, asked: str) -> bool:

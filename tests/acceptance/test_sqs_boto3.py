@@ -212,11 +212,12 @@ def test_create_queue_again(client: Client, name: Names) -> None:
 
 
 def test_create_queue_refusals(client: Client, name: Names) -> None:
-    with pytest.raises(client.exceptions.UnsupportedOperation):
-        client.create_queue(QueueName=name("jobs") + ".fifo",
-                            Attributes={"FifoQueue": "true"})
-    with pytest.raises(client.exceptions.UnsupportedOperation):
-        client.create_queue(QueueName=name("plain") + ".fifo")
+    for fifo_name, attributes in ((name("plain") + ".fifo", {}),
+                                  (name("nosuffix"), {"FifoQueue": "true"}),
+                                  ("x" * 77 + ".fifo", {"FifoQueue": "true"})):
+        with pytest.raises(ClientError) as err:
+            client.create_queue(QueueName=fifo_name, Attributes=attributes)
+        assert error_code(err) == "InvalidParameterValue", fifo_name
     for bad in ("has space", "slash/name", "x" * 81, "dot.name"):
         with pytest.raises(ClientError) as err:
             client.create_queue(QueueName=bad)
