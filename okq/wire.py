@@ -123,14 +123,15 @@ class ErrorBody(Reply):
 _GROUP = re.compile(GROUP_PATTERN)
 
 
-def _group(value: str) -> str:
+def check_group(value: str) -> str:
+    """A message group's name, as the wire takes it; ValueError saying what is wrong."""
     if not 1 <= len(value) <= GROUP_MAX or not _GROUP.fullmatch(value):
         raise ValueError(f"a message group is 1 to {GROUP_MAX} letters, digits and ASCII "
                          f"punctuation; got {value[:40]!r}")
     return value
 
 
-Group = Annotated[str, AfterValidator(_group),
+Group = Annotated[str, AfterValidator(check_group),
                   WithJsonSchema({"type": "string", "minLength": 1, "maxLength": GROUP_MAX,
                                   "pattern": GROUP_PATTERN})]
 

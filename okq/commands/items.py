@@ -129,12 +129,14 @@ async def produce(ctx: Ctx, c: Client, queue: str, payloads: tuple[str, ...],
     jsonl = jsonl or bool(file and file.endswith(".jsonl"))
     # Read and check every item first: a bad line fails the command before anything
     # is produced, so fixing the file and running again duplicates nothing.
-    from pydantic import ValidationError
+    if group is not None:
+        from okq.wire import check_group
 
-    try:
-        all_items = list(read_items(payloads, file, jsonl, key, enqueue_at, headers, group))
-    except ValidationError as exc:  # --group: checked as the node would
-        raise click.BadParameter(exc.errors()[0]["msg"], param_hint="--group") from None
+        try:
+            check_group(group)
+        except ValueError as exc:  # checked as the node would
+            raise click.BadParameter(str(exc), param_hint="--group") from None
+    all_items = list(read_items(payloads, file, jsonl, key, enqueue_at, headers, group))
     if not all_items:
         raise click.UsageError("nothing to produce: the input holds no items")
     bar = progress(ctx, len(all_items), "producing")

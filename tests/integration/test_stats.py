@@ -150,7 +150,7 @@ async def old_format(store: Store) -> None:
     blob = await store.get(manifest_key(NS, "q"))
     m = decode_manifest(blob.data)
     for sm in m.segments:
-        sm.last_due_ms = None
+        sm.last_due_ms = sm.seq = None  # seq came later still
         assert len(sm.pack()) == 4
     await store.put(manifest_key(NS, "q"), encode_manifest(m), if_match=blob.etag)
 

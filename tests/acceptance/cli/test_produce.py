@@ -92,5 +92,23 @@ def test_produce_jsonl_honours_at(cli: Cli) -> None:
 # -- last ------------------------------------------------------------------------------------
 
 
+def test_fifo_queue_and_groups(cli: Cli) -> None:
+    """``queues create --fifo`` and ``produce --group`` (a JSON line's own group wins):
+    a group's items come out in order, one handout at a time."""
+    assert cli.js("queues", "create", "pf", "--fifo")["fifo"] is True
+    assert "pf (fifo)" in cli.ok("queues", "info", "pf").out
+    cli.ok("produce", "pf", "--group", "g1", "a", "b")
+    cli.ok("produce", "pf", "--jsonl", "--group", "g1",
+           stdin='{"utf8": "c"}\n{"utf8": "x", "group": "g2"}\n')
+    got = cli.js("lease", "pf", "-n", "10")
+    assert [(i["utf8"], i["meta"]["group"]) for i in got] == [("a", "g1"), ("b", "g1"),
+                                                             ("x", "g2")]
+    assert cli.js("lease", "pf", "-n", "10") == []  # c waits behind a and b
+    cli.many_fail([
+        (("produce", "pf", "--group", "has space", "y"), 2, "Invalid value for --group"),
+        (("queues", "update", "pf", "--partitions", "2"), 1, "partitions of an ordered"),
+    ])
+
+
 def test_no_traceback_in_any_output(node: Node) -> None:
     check_no_traceback(node)
