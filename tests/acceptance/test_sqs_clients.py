@@ -172,15 +172,16 @@ def test_aws_cli_wrong_secret_is_refused(sqs: Sqs) -> None:
 class CeleryWorker:
     """``celery worker`` as a subprocess in its own session, consuming one queue."""
 
-    def __init__(self, sqs: Sqs, queue: str, records_dir: Path) -> None:
+    def __init__(self, sqs: Sqs, queue: str, records_dir: Path,
+                 app: str = sqs_celery_app.__name__, records_env: str = RECORDS_ENV) -> None:
         self.log = records_dir.parent / f"worker-{uuid.uuid4().hex[:8]}.log"
         command = [
-            sys.executable, "-m", "celery", "-A", sqs_celery_app.__name__,
+            sys.executable, "-m", "celery", "-A", app,
             "-b", sqs.broker_url(), "worker", "--pool=solo", "-Q", queue,
             "-n", f"{unique('w')}@localhost", "--loglevel=INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]
-        env = {**sqs.env(), RECORDS_ENV: str(records_dir), "PYTHONPATH": str(REPO)}
+        env = {**sqs.env(), records_env: str(records_dir), "PYTHONPATH": str(REPO)}
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)

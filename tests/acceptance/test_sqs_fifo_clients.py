@@ -21,10 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +32,6 @@ from celery.signals import task_received  # type: ignore[import-untyped]
 
 from tests.acceptance.sqs_celery_app import transport_options
 from tests.acceptance.test_sqs_clients import (
-    REPO,
     CeleryWorker,
     Sqs,
     aws,
@@ -165,17 +161,8 @@ class FifoWorker(CeleryWorker):
     """``celery worker`` (solo pool) on this module's app, consuming one queue."""
 
     def __init__(self, sqs: Sqs, queue: str, records_dir: Path) -> None:
-        self.log = records_dir.parent / f"worker-{uuid.uuid4().hex[:8]}.log"
-        command = [
-            sys.executable, "-m", "celery", "-A", f"{__name__}:app",
-            "-b", sqs.broker_url(), "worker", "--pool=solo", "-Q", queue,
-            "-n", f"{unique('w')}@localhost", "--loglevel=INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]
-        env = {**sqs.env(), RECORDS_ENV: str(records_dir), "PYTHONPATH": str(REPO)}
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        super().__init__(sqs, queue, records_dir, app=f"{__name__}:app",
+                         records_env=RECORDS_ENV)
 
 
 def lines(records: Path, name: str) -> list[str]:

@@ -298,6 +298,23 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+async def rewrite_unchanged(store: Store, key: str) -> None:
+    """A writer a model does not see (a compactor pass that found nothing to change,
+    say) writes a manifest or lease object again: the same content, a new version."""
+    blob = await store.get(key)
+    if "/manifests/" in key:
+        codec = ManifestCodec(store, NS, key.rpartition("/")[2], SystemClock(), 0)
+        await codec.load(blob.data)
+        m = codec.decode(blob.data)
+        m.ver, m.nonce = m.ver + 1, new_nonce()
+        data = encode_manifest(m)
+    else:
+        o = decode_lease(blob.data)
+        o.ver, o.nonce = o.ver + 1, new_nonce()
+        data = encode_lease(o)
+    await store.put(key, data, if_match=blob.etag)
+
+
 class EngineMachine(RuleBasedStateMachine):
     ENGINES: ClassVar[int] = 1
     STORE: ClassVar[str] = "memory"
@@ -760,20 +777,7 @@ class EngineMachine(RuleBasedStateMachine):
         return f"by a {kind}"
 
     async def _rewrite(self, key: str) -> None:
-        """A writer the model does not see (a compactor pass that found nothing to
-        change, say) writes the object again: the same content, a new version."""
-        blob = await self.store.get(key)
-        if "/manifests/" in key:
-            codec = ManifestCodec(self.store, NS, QUEUE, SystemClock(), 0)
-            await codec.load(blob.data)
-            m = codec.decode(blob.data)
-            m.ver, m.nonce = m.ver + 1, new_nonce()
-            data = encode_manifest(m)
-        else:
-            o = decode_lease(blob.data)
-            o.ver, o.nonce = o.ver + 1, new_nonce()
-            data = encode_lease(o)
-        await self.store.put(key, data, if_match=blob.etag)
+        await rewrite_unchanged(self.store, key)
 
     # -- time ------------------------------------------------------------------
     @rule(ms=st.one_of(st.integers(0, 3_000), st.integers(9_000, 40_000)))

@@ -65,15 +65,13 @@ from hypothesis.stateful import (
 import compactor.core
 from compactor import Compactor, CompactorOptions
 from okq import Engine, ManualClock, NewItem, QueueConfig, publisher
-from okq.clock import SystemClock
 from okq.errors import LeaseLost
 from okq.keys import lease_key, manifest_key, segment_key
-from okq.leases import decode_lease, encode_lease
-from okq.manifests import ManifestCodec, read_manifest
-from okq.model import decode_segment, encode_manifest, new_nonce, with_group
+from okq.manifests import read_manifest
+from okq.model import decode_segment, with_group
 from okq.store import FaultyStore, MemoryStore, Store
 from tests.engines import make_engine
-from tests.integration.test_engine_property import _examples, guarded
+from tests.integration.test_engine_property import _examples, guarded, rewrite_unchanged
 from tests.integration.test_ordered import Delivery, OrderRules
 
 T = TypeVar("T")
@@ -355,21 +353,7 @@ class OrderedMachine(RuleBasedStateMachine):
         return pool[pick % len(pool)] if pool else None
 
     async def _rewrite(self, key: str) -> None:
-        """A writer the model does not see writes the object again: the same content
-        under a new version."""
-        blob = await self.store.get(key)
-        if "/manifests/" in key:
-            queue = key.rpartition("/")[2]
-            codec = ManifestCodec(self.store, NS, queue, SystemClock(), 0)
-            await codec.load(blob.data)
-            m = codec.decode(blob.data)
-            m.ver, m.nonce = m.ver + 1, new_nonce()
-            data = encode_manifest(m)
-        else:
-            o = decode_lease(blob.data)
-            o.ver, o.nonce = o.ver + 1, new_nonce()
-            data = encode_lease(o)
-        await self.store.put(key, data, if_match=blob.etag)
+        await rewrite_unchanged(self.store, key)
 
     # -- the end: drain everything --------------------------------------------------
     def teardown(self) -> None:
