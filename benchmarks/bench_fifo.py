@@ -6,10 +6,10 @@ For each setup, in turns (``--rounds``), on a fresh queue:
   of the whole run in group ``i % groups`` (a standard queue's items carry the
   same groups, which order nothing there);
 * lease+complete them: 4 consumers, each leasing batches of 10 (a long poll of
-  up to 0.5 s: a completion on an ordered queue wakes it) and completing what it got, until every message is done; on an ordered queue each
-  consumer also checks that no group is handed out twice at once and that each
-  producer's items of a group come out in the order it produced them (the run
-  fails loudly otherwise).
+  up to 0.5 s: a completion on an ordered queue wakes it) and completing what it
+  got, until every message is done; on an ordered queue each consumer also checks
+  that no group is handed out twice at once and that each producer's items of a
+  group come out in the order it produced them (the run fails loudly otherwise).
 
 Prints the median lease+complete messages per second of each setup and its ratio
 to the standard queue's, side by side from one run, and the long polls that ended
