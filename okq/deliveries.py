@@ -141,9 +141,9 @@ class Deliveries:
                 raise answer
             for n, r in zip(ns, answer, strict=True):
                 results[n] = r
-        for q in {id(q): q for _, q in parsed}.values():
+        for q in {q.name: q for _, q in parsed if q.waiters}.values():
             m = q.manifest.view()
-            if q.waiters and m is not None and m.config.fifo:
+            if m is not None and m.config.fifo:
                 self.rt.wake(q)  # a group held by what was completed may be free now
         failed: list[dict[str, Any]] = []
         for n, ((d, q), r) in enumerate(zip(parsed, results, strict=True)):
