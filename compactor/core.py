@@ -309,7 +309,7 @@ class Compactor:
         else:  # a segment that is not a candidate breaks the run (None)
             settled = {s.meta.id for s in segs}
             line = [s if s.meta.id in settled and mergeable(s) else None
-                    for s in sorted(ordered, key=_seq) if not s.finished()]
+                    for s in sorted(ordered, key=lambda s: s.meta.place) if not s.finished()]
         for s in line:
             if s is None or not mergeable(s):
                 if s is None and current:
@@ -474,11 +474,6 @@ class Compactor:
             await self.store.delete(info.key)
             report.objects_deleted += 1
             report.bytes_reclaimed += info.size
-
-
-def _seq(s: _Seg) -> int:
-    """A segment's place in an ordered queue (one without a number goes first)."""
-    return -1 if s.meta.seq is None else s.meta.seq
 
 
 def _runs(group: list[_Seg], sealed: list[_Seg]) -> list[list[_Seg]]:

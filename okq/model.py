@@ -132,6 +132,11 @@ class SegmentMeta:
     def first_ready_ms(self) -> int:
         return self.created_ms if self.min_ready_ms is None else self.min_ready_ms
 
+    @property
+    def place(self) -> int:
+        """Its place in an ordered queue: its seq (one without goes first)."""
+        return -1 if self.seq is None else self.seq
+
     def pack(self) -> list[Any]:
         out = [self.id, self.count, self.created_ms, self.size]
         if self.seq is not None:  # trailing fields: older readers ignore them

@@ -50,7 +50,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import msgpack
 
@@ -91,6 +91,15 @@ FAIR_EVERY = 16
 GROUP_HASH_PREFIX = "group:"
 #: Token heads remembered (a head names a segment's partition).
 _HEADS_MAX = 8192
+
+
+class _Count(NamedTuple):
+    """What the spread layer keeps of a queue's config, until ``until`` (monotonic)."""
+
+    partitions: int
+    read_only: frozenset[int]
+    until: float
+    fifo: bool
 
 
 def jump_hash(key: int, buckets: int) -> int:
@@ -148,9 +157,7 @@ class Spread:
         self.default = default_partitions  # of a queue created without saying
         self.engine = engine
         self.sequencer = sequencer
-        # queue -> (partitions, those of them read-only, until when this is taken as
-        # true, whether it is ordered)
-        self._counts: dict[str, tuple[int, frozenset[int], float, bool]] = {}
+        self._counts: dict[str, _Count] = {}  # queue -> what its config says, for a while
         self._heads: dict[str, str | None] = {}  # token head -> the queue it names
         self._turns: dict[str, int] = {}  # queue -> operations that took a turn
         self._woken: dict[str, asyncio.Event] = {}  # queue -> set on a wake-up
@@ -212,8 +219,8 @@ class Spread:
     # -- the partition count ------------------------------------------------------------
     def _cached(self, queue: str) -> int | None:
         hit = self._counts.get(queue)
-        if hit is not None and hit[2] > time.monotonic():
-            return hit[0]
+        if hit is not None and hit.until > time.monotonic():
+            return hit.partitions
         return None
 
     async def count(self, queue: str, max_age: float = COUNT_MAX_AGE) -> int:
@@ -231,13 +238,13 @@ class Spread:
         return info.config.partitions
 
     def _note(self, queue: str, config: QueueConfig) -> None:
-        self._counts[queue] = (config.partitions, frozenset(config.read_only),
-                               time.monotonic() + COUNT_MAX_AGE, config.fifo)
+        self._counts[queue] = _Count(config.partitions, frozenset(config.read_only),
+                                     time.monotonic() + COUNT_MAX_AGE, config.fifo)
 
     def _open(self, queue: str, n: int) -> list[int]:
         """The partitions of ``queue`` (of ``n``) that take new items."""
         hit = self._counts.get(queue)
-        ro = hit[1] if hit is not None else None
+        ro = hit.read_only if hit is not None else None
         return [p for p in range(n) if p not in ro] if ro else list(range(n))
 
     def _key_partition(self, queue: str, n: int, key: str) -> int:
@@ -252,16 +259,18 @@ class Spread:
         if group is None or PARTITION_SEP in queue:
             return queue
         n = await self.count(queue)
-        if n == 1:
-            return queue
-        return partition_name(queue, self._key_partition(queue, n, GROUP_HASH_PREFIX + group))
+        return queue if n == 1 else partition_name(queue, self._group_partition(queue, n, group))
+
+    def _group_partition(self, queue: str, n: int, group: str) -> int:
+        """The partition a message group goes to: one of those taking new items."""
+        return self._key_partition(queue, n, GROUP_HASH_PREFIX + group)
 
     def _item_partition(self, queue: str, n: int, item: NewItem) -> int | None:
         """The partition an item must go to: its message group's, so that a group stays
         in one partition, in order; else its idempotency key's; else None (any)."""
         group = group_of(item.meta)
         if group is not None:
-            return self._key_partition(queue, n, GROUP_HASH_PREFIX + group)
+            return self._group_partition(queue, n, group)
         return None if item.key is None else self._key_partition(queue, n, item.key)
 
     def _check_groups_together(self, outputs: ops.Outputs, routed: list[int | None],
@@ -269,7 +278,7 @@ class Spread:
         """On an ordered queue a completion's outputs, published in one partition, may
         not hold an item whose group belongs in another: it would be out of order."""
         hit = self._counts.get(outputs.queue)
-        if hit is None or not hit[3]:
+        if hit is None or not hit.fifo:
             return
         for index, (item, at) in enumerate(zip(outputs.items, routed, strict=True)):
             if at is not None and at != p and group_of(item.meta) is not None:

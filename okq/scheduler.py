@@ -542,7 +542,7 @@ def _seq_order(m: Manifest) -> list[SegmentMeta]:
         if len(_SEQ_ORDER) > 256:
             _SEQ_ORDER.clear()
         order = _SEQ_ORDER[key] = sorted(m.segments,
-                                         key=lambda sm: -1 if sm.seq is None else sm.seq)
+                                         key=lambda sm: sm.place)
     return order
 
 

@@ -298,6 +298,23 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Close a machine's event loop, cancelling what is left on it (only after a
+    failure: the engines' closes settle their own tasks)."""
+    left = asyncio.all_tasks(loop)
+    if left:
+        for task in left:
+            task.cancel()
+
+        async def settle() -> None:
+            await asyncio.gather(*left, return_exceptions=True)
+
+        loop.run_until_complete(settle())
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
 async def rewrite_unchanged(store: Store, key: str) -> None:
     """A writer a model does not see (a compactor pass that found nothing to change,
     say) writes a manifest or lease object again: the same content, a new version."""
@@ -848,18 +865,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self._close_loop()
 
     def _close_loop(self) -> None:
-        left = asyncio.all_tasks(self.loop)
-        if left:  # only after a failure: the engines' closes settle their own tasks
-            for task in left:
-                task.cancel()
-
-            async def settle() -> None:
-                await asyncio.gather(*left, return_exceptions=True)
-
-            self.loop.run_until_complete(settle())
-        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        self.loop.run_until_complete(self.loop.shutdown_default_executor())
-        self.loop.close()
+        close_loop(self.loop)
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
 

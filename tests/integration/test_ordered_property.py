@@ -71,7 +71,12 @@ from okq.manifests import read_manifest
 from okq.model import decode_segment, with_group
 from okq.store import FaultyStore, MemoryStore, Store
 from tests.engines import make_engine
-from tests.integration.test_engine_property import _examples, guarded, rewrite_unchanged
+from tests.integration.test_engine_property import (
+    _examples,
+    close_loop,
+    guarded,
+    rewrite_unchanged,
+)
 from tests.integration.test_ordered import Delivery, OrderRules
 
 T = TypeVar("T")
@@ -366,19 +371,7 @@ class OrderedMachine(RuleBasedStateMachine):
                 for engine in [*self.engines, self.compactor_engine]:
                     self.run(engine.close())
             finally:
-                self._close_loop()
-
-    def _close_loop(self) -> None:
-        left = asyncio.all_tasks(self.loop)
-        for task in left:  # only after a failure: the engines' closes settle their own
-            task.cancel()
-        if left:
-            async def settle() -> None:
-                await asyncio.gather(*left, return_exceptions=True)
-
-            self.loop.run_until_complete(settle())
-        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-        self.loop.close()
+                close_loop(self.loop)
 
     async def _drain(self) -> None:
         """Past every deadline and schedule, lease and complete everything left on both
