@@ -61,6 +61,7 @@ from okq.model import (
     encode_segment,
     fresh_due_ms,
     fresh_ready_ms,
+    groups_of,
     new_nonce,
 )
 from okq.runtime import Runtime
@@ -388,7 +389,8 @@ class Compactor:
                                  if_none_match=True)
         min_ready = min(readies, default=now)
         meta = SegmentMeta(sid, len(moved), now, len(data), min(min_ready, now),
-                           seq=moved[0][1].seq if moved else None)
+                           seq=moved[0][1].seq if moved else None,
+                           groups=groups_of(item.meta for _, item, _ in moved))
         meta.last_due_ms = max((fresh_due_ms(meta, item) for _, item, st in moved if st is None),
                                default=0)
         return meta, [s.meta.id for s in group], len(moved)

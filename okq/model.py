@@ -13,7 +13,7 @@ not be told from another writer's.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,12 @@ class SegmentMeta:
     # order of an ordered queue (docs/DESIGN.md, "Ordered delivery"). None: listed
     # by an okq before ordered delivery.
     seq: int | None = None
+    # The message groups its items name, so that a fair lease walk passes over a
+    # segment without reading it (docs/DESIGN.md, "Fair sharing"): the names,
+    # sorted, "" standing for items without one, when there are at most
+    # GROUPS_LISTED; () when there are more. None: no item names a group (or not
+    # known: listed by an okq before fair sharing, or an outputs segment).
+    groups: tuple[str, ...] | None = None
 
     @property
     def first_ready_ms(self) -> int:
@@ -139,7 +145,9 @@ class SegmentMeta:
 
     def pack(self) -> list[Any]:
         out = [self.id, self.count, self.created_ms, self.size]
-        if self.seq is not None:  # trailing fields: older readers ignore them
+        if self.groups is not None:  # trailing fields: older readers ignore them
+            return [*out, self.min_ready_ms, self.last_due_ms, self.seq, list(self.groups)]
+        if self.seq is not None:
             return [*out, self.min_ready_ms, self.last_due_ms, self.seq]
         if self.last_due_ms is not None:
             return [*out, self.min_ready_ms, self.last_due_ms]
@@ -149,7 +157,8 @@ class SegmentMeta:
     def unpack(cls, raw: list[Any]) -> SegmentMeta:
         n = len(raw)
         return cls(raw[0], raw[1], raw[2], raw[3], raw[4] if n > 4 else None,
-                   raw[5] if n > 5 else None, raw[6] if n > 6 else None)
+                   raw[5] if n > 5 else None, raw[6] if n > 6 else None,
+                   tuple(raw[7]) if n > 7 else None)
 
     def item_seq(self, index: int, item: SegmentItem) -> int | None:
         """The sequence number of item ``index`` (None when the segment has none)."""
@@ -300,6 +309,18 @@ def group_of(meta: Mapping[str, Any] | None) -> str | None:
         return None
     group = meta.get(GROUP_KEY)
     return group if isinstance(group, str) else None
+
+
+#: The most message groups a segment's entry in the manifest names (SegmentMeta.groups).
+GROUPS_LISTED = 8
+
+
+def groups_of(metas: Iterable[Mapping[str, Any] | None]) -> tuple[str, ...] | None:
+    """SegmentMeta.groups of a segment of items with these metas."""
+    names = {group_of(meta) or "" for meta in metas}
+    if not names - {""}:
+        return None
+    return () if len(names) > GROUPS_LISTED else tuple(sorted(names))
 
 
 def fresh_ready_ms(sm: SegmentMeta, item: SegmentItem) -> int:

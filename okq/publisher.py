@@ -31,7 +31,7 @@ from okq.clock import MAX_CLOCK_SKEW_MS, Clock
 from okq.errors import CASConflict, ObjectNotFound, PublishAborted, StorageError
 from okq.keys import item_id, lease_key, new_segment_id, segment_key
 from okq.manifest_ops import KeysTaken, Publish, PublishWritten, live_key
-from okq.model import Manifest, Segment, SegmentItem, SegmentMeta, encode_segment
+from okq.model import Manifest, Segment, SegmentItem, SegmentMeta, encode_segment, groups_of
 from okq.store.base import Store
 
 
@@ -179,7 +179,8 @@ class Publisher:
         # The latest due time rides in the manifest: stats count the segment unread.
         last_due = max((i.enqueue_at_ms for i in items
                         if i.enqueue_at_ms is not None and i.enqueue_at_ms > now), default=0)
-        return SegmentMeta(seg_id, len(items), now, len(data), None, last_due)
+        return SegmentMeta(seg_id, len(items), now, len(data), None, last_due,
+                           groups=groups_of(i.meta for i in items))
 
     async def _publish_segment(
         self, items: list[NewItem], fresh: list[int], ids: list[str | None]

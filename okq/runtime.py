@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +123,26 @@ class QueueRuntime:
         self.stalled: dict[tuple[str, int], SegmentMeta] = {}
         # No help for an item before this time (after a help failed): (segment, index) -> ms
         self.help_after: dict[tuple[str, int], int] = {}
+        self.recent = RecentGroups()  # the groups this process handed out last (fair sharing)
+
+
+class RecentGroups:
+    """The groups of a queue's last ``size`` handouts by this process, counted: a
+    fair lease walk (docs/DESIGN.md, "Fair sharing") puts the groups served most
+    lately last, so that a lease of one item at a time goes round them too."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.order: deque[str] = deque(maxlen=size)
+        self.counts: Counter[str] = Counter()
+
+    def note(self, group: str) -> None:
+        if len(self.order) == self.order.maxlen:
+            gone = self.order[0]
+            self.counts[gone] -= 1
+            if not self.counts[gone]:
+                del self.counts[gone]
+        self.order.append(group)
+        self.counts[group] += 1
 
 
 class SegmentCache:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from dataclasses import dataclass
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from okq import leases as tr
@@ -38,7 +40,15 @@ from okq.tokens import TokenSigner
 
 if TYPE_CHECKING:
     from okq.finishers import Finishers
-    from okq.runtime import QueueRuntime, Runtime
+    from okq.runtime import QueueRuntime, RecentGroups, Runtime
+
+
+#: How deep a fair lease walk looks for the groups of a queue, in segments (by
+#: ready time): beyond, a group waits until the ones before it are leased.
+FAIR_SCAN = 4096
+#: And how many of those segments it reads (the others it passes over by their
+#: entries in the manifest: all their groups have their candidates).
+FAIR_READS = 256
 
 
 @dataclass(slots=True)
@@ -226,12 +236,15 @@ class Scheduler:
         """
         now = self.rt.clock.now_ms()
         _forget_dropped(q, m)
+        segments, groups = _scan_order(m)
+        if _grouped(groups):
+            return await self._pick_fair(q, n, segments, groups, now)
         backoff = int(self.rt.opts.contention_backoff * 1000)
         horizon = now + int(2000 * self.rt.opts.max_clock_skew)  # fresh items from clocks ahead
         cands: list[tuple[int, str, int, int, SegmentMeta]] = []
         next_ready: int | None = None
         budget = [self.rt.opts.lease_state_reads]
-        for sm in _scan_order(m):
+        for sm in segments:
             if len(cands) >= n:
                 cands.sort()
                 if cands[n - 1][0] <= sm.first_ready_ms:
@@ -259,6 +272,46 @@ class Scheduler:
         cands.sort()
         return cands[:n], next_ready
 
+    async def _pick_fair(
+        self, q: QueueRuntime, n: int, order: list[SegmentMeta], groups: Groups, now: int
+    ) -> tuple[list[tuple[int, str, int, int, SegmentMeta]], int | None]:
+        """A standard queue whose items name groups: the walk shares a lease out
+        among the groups (docs/DESIGN.md, "Fair sharing"), so that one with a deep
+        backlog does not hold the others back. Up to n ready candidates of each
+        group are gathered (segments whose groups all have theirs are passed over
+        unread, by their entries in the manifest), at most FAIR_SCAN segments deep
+        and FAIR_READS read, and no further once n groups without a share have
+        candidates; then one item at a time goes to the group with the fewest items in
+        flight in the segments walked plus handouts among this process's last
+        ones, the longest waiting first among equals. Items without a group share
+        as one group. Same returns as _pick."""
+        backoff = int(self.rt.opts.contention_backoff * 1000)
+        fair = _Fair(n, now, now + int(2000 * self.rt.opts.max_clock_skew))
+        budget = [self.rt.opts.lease_state_reads]
+        reads = 0
+        for sm in order[:FAIR_SCAN]:
+            if groups is not None and fair.full >= groups:
+                break  # every group of the queue has its candidates
+            names = ("",) if sm.groups is None else sm.groups
+            if names and fair.full.issuperset(names):
+                continue  # nothing here is wanted
+            if reads >= FAIR_READS or fair.enough(q.recent):
+                break
+            reads += 1
+            cell = self.rt.lease_cell(q, sm.id)
+            try:
+                summary = await self._summary(q, sm, cell, now, budget)
+                layout = await self._layout(q, sm, summary)
+            except ObjectNotFound:  # removed by a compactor since this manifest was read
+                q.manifest.forget()
+                continue
+            obj = cell.view() if summary.inflight else None
+            if obj is not None:
+                fair.busy.update(_in_flight(obj.items, layout, now))
+            fair.add(sm, summary.ready, layout, backoff if now - cell.conflict_ms < backoff else 0)
+            self._note_stalled(q, sm, summary, now)
+        return fair.share_out(q.recent), fair.next_ready
+
     async def _pick_ordered(self, q: QueueRuntime, m: Manifest, n: int
                             ) -> tuple[list[_Ordered], int | None]:
         """An ordered (fifo) queue's walk: up to n items, each the head of its group
@@ -281,9 +334,7 @@ class Scheduler:
             cell = self.rt.lease_cell(q, sm.id)
             try:
                 summary = await self._summary(q, sm, cell, now, budget)
-                layout = summary.layout
-                if layout is None:
-                    layout = summary.layout = _layout(sm, await self.rt.segment(q, sm))
+                layout = await self._layout(q, sm, summary)
             except ObjectNotFound:
                 # Removed by a compactor since this manifest was read: its items may
                 # be in a merged segment this manifest does not list, so nothing
@@ -322,6 +373,13 @@ class Scheduler:
                     q, cfg, sm, [(p.index, p.due) for p in wanted], lease_ms, fresh_cfg,
                     wanted[0].layout, failed))
         return results
+
+    async def _layout(self, q: QueueRuntime, sm: SegmentMeta, summary: _Summary
+                      ) -> list[tuple[str | None, int]]:
+        """The (group, due) of each item of ``sm``, kept with its summary."""
+        if summary.layout is None:
+            summary.layout = _layout(sm, await self.rt.segment(q, sm))
+        return summary.layout
 
     def _note_stalled(self, q: QueueRuntime, sm: SegmentMeta, summary: _Summary, now: int) -> None:
         """Remember half-done items older than the grace, to help after the lock."""
@@ -497,6 +555,77 @@ def _busy_groups(states: dict[int, ItemState], layout: list[tuple[str | None, in
     return busy
 
 
+Candidate = tuple[int, str, int, int, SegmentMeta]  # _pick's: (order, segment id, index, due, sm)
+
+
+@dataclass
+class _Fair:
+    """A fair walk's findings: up to n ready candidates of each group ("" for the
+    items without one), the items in flight of each, and the soonest future ready
+    time seen (for the long poll)."""
+
+    n: int
+    now: int
+    horizon: int  # fresh items from clocks ahead up to this are ready now
+    by_group: dict[str, list[Candidate]] = field(default_factory=dict)
+    full: set[str] = field(default_factory=set)  # the groups with n candidates
+    busy: Counter[str] = field(default_factory=Counter)
+    next_ready: int | None = None
+
+    def add(self, sm: SegmentMeta, ready: list[tuple[int, int, int]],
+            layout: list[tuple[str | None, int]], penalty: int) -> None:
+        """Take the candidates of a segment's ready items whose groups want more."""
+        for at, idx, due in ready:
+            if due > self.now or at > self.horizon:
+                soon = max(due, at) if at > self.horizon else due
+                self.next_ready = soon if self.next_ready is None else min(self.next_ready, soon)
+                if at > self.horizon:
+                    break
+                continue
+            group = layout[idx][0] or ""
+            if group in self.full:
+                continue
+            got = self.by_group.setdefault(group, [])
+            got.append((at + penalty, sm.id, idx, due, sm))
+            if len(got) == self.n:
+                self.full.add(group)
+
+    def enough(self, recent: RecentGroups) -> bool:
+        """Whether n groups without a share (nothing in flight, no handout among the
+        last ones here) have candidates: no group found further on can come first."""
+        return len(self.by_group) >= self.n and sum(
+            not self.busy[g] and not recent.counts[g] for g in self.by_group) >= self.n
+
+    def share_out(self, recent: RecentGroups) -> list[Candidate]:
+        """The picks: one candidate at a time to the group with the lowest share (its
+        items in flight, and its handouts among the last ones here, counting those
+        picked so far), the one waiting longest first among equals."""
+        heap = []
+        for group, got in self.by_group.items():
+            got.sort()
+            heap.append((self.busy[group] + recent.counts[group], got[0][0], group, 0))
+        heapq.heapify(heap)
+        picks: list[Candidate] = []
+        while heap and len(picks) < self.n:
+            share, _, group, i = heapq.heappop(heap)
+            got = self.by_group[group]
+            picks.append(got[i])
+            recent.note(group)
+            if i + 1 < len(got):
+                heapq.heappush(heap, (share + 1, got[i + 1][0], group, i + 1))
+        return picks
+
+
+def _in_flight(states: dict[int, ItemState], layout: list[tuple[str | None, int]],
+               now: int) -> Counter[str]:
+    """Items in flight in a segment by group ("" for those without one)."""
+    out: Counter[str] = Counter()
+    for index, st in states.items():
+        if st.s in IN_FLIGHT and (st.s != LEASED or st.t > now) and index < len(layout):
+            out[layout[index][0] or ""] += 1
+    return out
+
+
 def _in_order(obj: LeaseObject, rest: list[tuple[int, int]],
               layout: list[tuple[str | None, int]], now: int,
               max_attempts: int) -> tuple[list[tuple[int, int]], set[str]]:
@@ -546,7 +675,12 @@ def _seq_order(m: Manifest) -> list[SegmentMeta]:
     return order
 
 
-_SCAN_ORDER: dict[tuple[str, int, str], list[SegmentMeta]] = {}
+#: A segment list's groups: each name of its segments' SegmentMeta.groups, with ""
+#: for a segment without (its items name none), or None when a segment has more
+#: than GROUPS_LISTED (not named one by one in the manifest).
+Groups = frozenset[str] | None
+
+_SCAN_ORDER: dict[tuple[str, int, str], tuple[list[SegmentMeta], Groups]] = {}
 
 
 @dataclass(slots=True)
@@ -556,23 +690,44 @@ class _Sorted:
     listed: list[SegmentMeta]
     order: list[SegmentMeta]
     keys: list[int]
+    groups: Groups
+
+
+def _groups(segments: list[SegmentMeta], known: Groups = frozenset()) -> Groups:
+    """``known`` and the groups of ``segments`` (see Groups)."""
+    if known is None:
+        return None
+    names = set(known)
+    for sm in segments:
+        if sm.groups is None:
+            names.add("")
+        elif not sm.groups:
+            return None
+        else:
+            names.update(sm.groups)
+    return frozenset(names)
+
+
+def _grouped(groups: Groups) -> bool:
+    """Whether some item of a segment list names a group (a fair walk's queue)."""
+    return groups is None or len(groups) > 1 or (bool(groups) and "" not in groups)
 
 
 _LAST_SORTED: dict[str, _Sorted] = {}  # by queue: the last list sorted
 
 
-def _scan_order(m: Manifest) -> list[SegmentMeta]:
+def _scan_order(m: Manifest) -> tuple[list[SegmentMeta], Groups]:
     """Segments by the earliest ready time of their items (publish order, unless
-    a compactor merge carried older items into a newer segment).
+    a compactor merge carried older items into a newer segment), and their groups.
 
     A publish only appends: when the last list sorted for the queue is the front
     of this one (compared in C), the new segments are inserted into its order
     rather than the whole backlog sorted again. Ties keep list order either way.
     """
     key = (m.queue, m.ver, m.nonce)
-    order = _SCAN_ORDER.get(key)
-    if order is not None:
-        return order
+    known = _SCAN_ORDER.get(key)
+    if known is not None:
+        return known
     if len(_SCAN_ORDER) > 256:
         _SCAN_ORDER.clear()
     if len(_LAST_SORTED) > 256:
@@ -585,12 +740,14 @@ def _scan_order(m: Manifest) -> list[SegmentMeta]:
             at = bisect.bisect_right(keys, sm.first_ready_ms)
             keys.insert(at, sm.first_ready_ms)
             order.insert(at, sm)
+        groups = _groups(m.segments[n:], last.groups)
     else:
         order = sorted(m.segments, key=lambda sm: sm.first_ready_ms)
         keys = [sm.first_ready_ms for sm in order]
-    _LAST_SORTED[m.queue] = _Sorted(list(m.segments), order, keys)
-    _SCAN_ORDER[key] = order
-    return order
+        groups = _groups(m.segments)
+    _LAST_SORTED[m.queue] = _Sorted(list(m.segments), order, keys, groups)
+    _SCAN_ORDER[key] = order, groups
+    return order, groups
 
 
 def _fresh(sm: SegmentMeta, seg: Segment) -> list[tuple[int, int, int]]:

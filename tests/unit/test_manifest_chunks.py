@@ -208,5 +208,5 @@ def test_the_lease_walks_order_is_the_sorted_list_after_any_change(
             m = m.copy()
             m.drop_segments({seg(n).id for n in dropped}, made)
         m.ver, m.nonce = m.ver + 1, new_nonce()  # a new version, as a write makes
-        order = scheduler._scan_order(m)
+        order, _ = scheduler._scan_order(m)
         assert order == sorted(m.segments, key=lambda s: s.first_ready_ms)
