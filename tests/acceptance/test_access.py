@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -43,13 +43,12 @@ from okq.fleetwire import FORWARD_VERSION, SIGNATURE_HEADER, sign
 from okq.ops import Produce, to_wire
 from okq.publisher import NewItem
 from okq.server.routes import ROUTES
+from tests import cliforks
 from tests.nodes import KEYS, Node, okq_node
 
 OPERATOR = f"operator-{secrets.token_urlsafe(24)}"
 CACHE = 0.5  # --api-key-cache: seconds a node remembers a key it looked up
 KEY_RE = re.compile(r"okq_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
-_SCRIPT = Path(sys.executable).with_name("okq")
-OKQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "okq.cli"]
 
 # -- the expected table (docs/SECURITY.md, "The roles") ------------------------------
 
@@ -590,8 +589,7 @@ def test_keys_are_stored_as_hashes(served: Served) -> None:
 
 def okq(served: Served, *args: str, key: str | None = OPERATOR) -> subprocess.CompletedProcess[str]:
     auth = ["--api-key", key] if key is not None else []
-    return subprocess.run([*OKQ, "--url", served.node.url, *auth, *args], capture_output=True,
-                          text=True, timeout=60, check=False)
+    return cliforks.run(["--url", served.node.url, *auth, *args], env=os.environ, timeout=60)
 
 
 def test_the_cli_makes_lists_and_deletes_keys(served: Served) -> None:

@@ -1,6 +1,8 @@
 """Running the ``okq`` command line as a user runs it, for the tests beside this module.
 
-Every command runs as a real subprocess (the ``okq`` script next to
+Every command runs as a process of its own (forked by tests/cliforks.py from
+one that has imported what every start imports; the tests that watch a run go
+on, signal it or read it as it streams start the ``okq`` script next to
 ``sys.executable``) with ``OKQ_URL`` set, and the tests read what a user reads:
 text tables and messages, ``--output json``, exit codes. Bulk checks (thousands
 of exported items) read the queues back with the Python client.
@@ -19,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -30,10 +30,10 @@ from typing import Any
 
 from okq import wire as s
 from okq.client import Client
+from tests import cliforks
+from tests.cliforks import OKQ  # noqa: F401  (the tests that start it themselves)
 from tests.nodes import Node, live_items
 
-_SCRIPT = Path(sys.executable).with_name("okq")
-OKQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "okq.cli"]
 WIDE = "200"  # table width: rich wraps to 80 columns when stdout is not a terminal
 
 #: every stdout and stderr of the file's runs (but those of the xfail tests, which
@@ -95,10 +95,8 @@ class Cli:
     def __call__(self, *args: str, stdin: str | None = None, url: str | None = "",
                  env: dict[str, str] | None = None, columns: str | None = WIDE,
                  timeout: float = 180) -> Run:
-        proc = subprocess.run(
-            [*OKQ, *args], input=stdin if stdin is not None else "",
-            capture_output=True, text=True, timeout=timeout,
-            env=env_for(self.url if url == "" else url, env, columns))
+        proc = cliforks.run(args, input=stdin if stdin is not None else "", timeout=timeout,
+                            env=env_for(self.url if url == "" else url, env, columns))
         run = Run(args, proc.returncode, proc.stdout, proc.stderr)
         record(run.out, run.err)
         assert "Traceback" not in run.out + run.err, f"okq {' '.join(args)}:\n{run.err}"
