@@ -124,8 +124,12 @@ def _socket_path() -> str:
 def _stop() -> None:
     proc = _server.get("proc")
     if proc is not None and proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # -- the fork server -------------------------------------------------------------------------
@@ -137,7 +141,11 @@ def _serve(path: str) -> None:
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(64)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters are reaped by the kernel
+    # The waiters are reaped here (their CPU, and their commands', counts as this
+    # process's children's: the suite's CPU figures include the runs).
+    signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    atexit.register(_reap, True)
     sys.stderr.write("ready\n")
     sys.stderr.flush()
     while True:
@@ -157,8 +165,21 @@ def _serve(path: str) -> None:
             os.close(fd)
 
 
+def _reap(all_: bool = False) -> None:
+    """Reap the waiters that have exited (``all_``: wait for every one)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, 0 if all_ else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def _wait(conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    atexit.unregister(_reap)  # the server's, not its commands
     pid = os.fork()
     if pid == 0:
         conn.close()
