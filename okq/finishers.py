@@ -9,6 +9,7 @@ compactor pass that comes by (docs/DESIGN.md, "Dead-lettering").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from okq.model import (
     SegmentMeta,
     dead_letter_meta,
     dead_letter_source,
+    groups_of,
 )
 from okq.publisher import NewItem
 
@@ -133,8 +135,14 @@ class Finishers:
         failure leaves the item P, to be finished by a retry or a helper.
         """
         outq = self.rt.queue(out[0])
+        written = SegmentMeta(*out[1:])
+        with contextlib.suppress(ObjectNotFound):  # gone: published and compacted, or lost
+            # Its groups, which the lease object does not keep (docs/DESIGN.md, "Fair
+            # sharing"): the segment was cached when this process wrote it.
+            seg = await self.rt.segment(outq, written)
+            written.groups = groups_of(item.meta for item in seg.items)
         try:
-            await outq.publisher.publish_written(SegmentMeta(*out[1:]))
+            await outq.publisher.publish_written(written)
         except (QueueNotFound, ObjectNotFound, PublishAborted) as exc:
             reason = f"outputs could not be published to queue {out[0]!r}: {exc.message}"
             # A dead letter on its way back to its source queue waits in the dead

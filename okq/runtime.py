@@ -126,6 +126,9 @@ class QueueRuntime:
         self.recent = RecentGroups()  # the groups this process handed out last (fair sharing)
 
 
+LAST_KEPT = 4096  # groups whose last handout RecentGroups remembers, at most
+
+
 class RecentGroups:
     """The groups of a queue's last ``size`` handouts by this process, counted: a
     fair lease walk (docs/DESIGN.md, "Fair sharing") puts the groups served most
@@ -134,8 +137,11 @@ class RecentGroups:
     def __init__(self, size: int = 64) -> None:
         self.order: deque[str] = deque(maxlen=size)
         self.counts: Counter[str] = Counter()
+        self.last: dict[str, int] = {}  # group -> the number of its last handout here
+        self.served = 0  # handouts noted
 
-    def note(self, group: str) -> None:
+    def note(self, group: str) -> int:
+        """Count a handout of ``group``; returns its number."""
         if len(self.order) == self.order.maxlen:
             gone = self.order[0]
             self.counts[gone] -= 1
@@ -143,6 +149,11 @@ class RecentGroups:
                 del self.counts[gone]
         self.order.append(group)
         self.counts[group] += 1
+        self.served += 1
+        self.last[group] = self.served
+        if len(self.last) > LAST_KEPT:  # those served long ago: as if never
+            self.last = {g: self.last[g] for g in self.counts}
+        return self.served
 
 
 class SegmentCache:

@@ -43,11 +43,13 @@ if TYPE_CHECKING:
     from okq.runtime import QueueRuntime, RecentGroups, Runtime
 
 
-#: How deep a fair lease walk looks for the groups of a queue, in segments (by
-#: ready time): beyond, a group waits until the ones before it are leased.
+#: How deep a fair lease walk that has found candidates looks further for the
+#: groups of a queue, in segments by ready time: beyond, a group waits until the
+#: ones before it are leased.
 FAIR_SCAN = 4096
-#: And how many of those segments it reads (the others it passes over by their
-#: entries in the manifest: all their groups have their candidates).
+#: And after how many segments that gave candidates it stops (segments with
+#: nothing ready, and those whose groups all have their candidates, passed over
+#: by their entries in the manifest, do not count).
 FAIR_READS = 256
 
 
@@ -279,25 +281,26 @@ class Scheduler:
         among the groups (docs/DESIGN.md, "Fair sharing"), so that one with a deep
         backlog does not hold the others back. Up to n ready candidates of each
         group are gathered (segments whose groups all have theirs are passed over
-        unread, by their entries in the manifest), at most FAIR_SCAN segments deep
-        and FAIR_READS read, and no further once n groups without a share have
-        candidates; then one item at a time goes to the group with the fewest items in
-        flight in the segments walked plus handouts among this process's last
-        ones, the longest waiting first among equals. Items without a group share
-        as one group. Same returns as _pick."""
+        unread, by their entries in the manifest); once some are found the walk
+        goes at most FAIR_SCAN segments deep, through FAIR_READS segments that gave
+        candidates, and no further once n groups without a share have them (until
+        some are found it goes as far as the plain walk would); then one item at a
+        time goes to the group with the fewest items in flight in the segments
+        walked plus handouts among this process's last ones (_Fair.share_out).
+        Items without a group share as one group. Same returns as _pick."""
         backoff = int(self.rt.opts.contention_backoff * 1000)
         fair = _Fair(n, now, now + int(2000 * self.rt.opts.max_clock_skew))
         budget = [self.rt.opts.lease_state_reads]
-        reads = 0
-        for sm in order[:FAIR_SCAN]:
+        useful = 0  # segments that gave candidates
+        for looked, sm in enumerate(order):
             if groups is not None and fair.full >= groups:
                 break  # every group of the queue has its candidates
             names = ("",) if sm.groups is None else sm.groups
             if names and fair.full.issuperset(names):
                 continue  # nothing here is wanted
-            if reads >= FAIR_READS or fair.enough(q.recent):
+            if fair.by_group and (looked >= FAIR_SCAN or useful >= FAIR_READS
+                                  or fair.enough(q.recent)):
                 break
-            reads += 1
             cell = self.rt.lease_cell(q, sm.id)
             try:
                 summary = await self._summary(q, sm, cell, now, budget)
@@ -308,7 +311,9 @@ class Scheduler:
             obj = cell.view() if summary.inflight else None
             if obj is not None:
                 fair.busy.update(_in_flight(obj.items, layout, now))
-            fair.add(sm, summary.ready, layout, backoff if now - cell.conflict_ms < backoff else 0)
+            if fair.add(sm, summary.ready, layout,
+                        backoff if now - cell.conflict_ms < backoff else 0):
+                useful += 1
             self._note_stalled(q, sm, summary, now)
         return fair.share_out(q.recent), fair.next_ready
 
@@ -573,8 +578,10 @@ class _Fair:
     next_ready: int | None = None
 
     def add(self, sm: SegmentMeta, ready: list[tuple[int, int, int]],
-            layout: list[tuple[str | None, int]], penalty: int) -> None:
-        """Take the candidates of a segment's ready items whose groups want more."""
+            layout: list[tuple[str | None, int]], penalty: int) -> bool:
+        """Take the candidates of a segment's ready items whose groups want more;
+        whether there were any."""
+        took = False
         for at, idx, due in ready:
             if due > self.now or at > self.horizon:
                 soon = max(due, at) if at > self.horizon else due
@@ -587,8 +594,10 @@ class _Fair:
                 continue
             got = self.by_group.setdefault(group, [])
             got.append((at + penalty, sm.id, idx, due, sm))
+            took = True
             if len(got) == self.n:
                 self.full.add(group)
+        return took
 
     def enough(self, recent: RecentGroups) -> bool:
         """Whether n groups without a share (nothing in flight, no handout among the
@@ -599,20 +608,22 @@ class _Fair:
     def share_out(self, recent: RecentGroups) -> list[Candidate]:
         """The picks: one candidate at a time to the group with the lowest share (its
         items in flight, and its handouts among the last ones here, counting those
-        picked so far), the one waiting longest first among equals."""
+        picked so far); among equals, the group served least lately here, then the
+        one waiting longest."""
         heap = []
         for group, got in self.by_group.items():
             got.sort()
-            heap.append((self.busy[group] + recent.counts[group], got[0][0], group, 0))
+            heap.append((self.busy[group] + recent.counts[group], recent.last.get(group, -1),
+                         got[0][0], group, 0))
         heapq.heapify(heap)
         picks: list[Candidate] = []
         while heap and len(picks) < self.n:
-            share, _, group, i = heapq.heappop(heap)
+            share, _, _, group, i = heapq.heappop(heap)
             got = self.by_group[group]
             picks.append(got[i])
-            recent.note(group)
+            served = recent.note(group)
             if i + 1 < len(got):
-                heapq.heappush(heap, (share + 1, got[i + 1][0], group, i + 1))
+                heapq.heappush(heap, (share + 1, served, got[i + 1][0], group, i + 1))
         return picks
 
 
