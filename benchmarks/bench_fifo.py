@@ -3,8 +3,9 @@
 For each setup, in turns (``--rounds``), on a fresh queue:
 
 * produce ``--messages`` 1 KiB messages in batches of 100 by 4 producers, item i
-  of the whole run in group ``i % groups`` (a standard queue's items carry the
-  same groups, which order nothing there);
+  of the whole run in group ``i % groups``: on the fifo queues, and on a standard
+  queue (``fair``: groups order nothing there, they share leases out fairly),
+  against a standard queue whose items name no group (``standard``);
 * lease+complete them: 4 consumers, each leasing batches of 10 (a long poll of
   up to 0.5 s: a completion on an ordered queue wakes it) and completing what it
   got, until every message is done; on an ordered queue each consumer also checks
@@ -55,7 +56,8 @@ async def produce(engine: Engine, queue: str, total: int, groups: int) -> None:
     async def producer(p: int) -> None:
         for start in range(p * per, (p + 1) * per, PRODUCE_BATCH):
             await engine.produce(queue, [
-                NewItem(PAYLOAD + i.to_bytes(4, "big"), meta={"group": f"g{i % groups}"})
+                NewItem(PAYLOAD + i.to_bytes(4, "big"),
+                    meta={"group": f"g{i % groups}"} if groups else None)
                 for i in range(start, min(start + PRODUCE_BATCH, (p + 1) * per))])
 
     await asyncio.gather(*(producer(p) for p in range(PRODUCERS)))
@@ -102,7 +104,7 @@ async def one(root: Path, setup: str, groups: int, total: int) -> tuple[float, f
                     options=EngineOptions(linger=0.002))
     await engine.start()
     try:
-        fifo = setup != "standard"
+        fifo = setup.startswith("fifo")
         queue = f"bench-{setup}-{uuid.uuid4().hex[:6]}"
         await engine.create_queue(queue, QueueConfig(fifo=fifo, lease_timeout=60))
         await produce(engine, queue, total, groups)
@@ -119,7 +121,7 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     counts = [int(g) for g in args.groups.split(",")]
-    setups = [("standard", max(counts))] + [(f"fifo-{g}", g) for g in counts]
+    setups = [("standard", 0), ("fair", max(counts))] + [(f"fifo-{g}", g) for g in counts]
     results = {name: Result() for name, _ in setups}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):

@@ -317,9 +317,13 @@ GROUPS_LISTED = 8
 
 def groups_of(metas: Iterable[Mapping[str, Any] | None]) -> tuple[str, ...] | None:
     """SegmentMeta.groups of a segment of items with these metas."""
-    names = {group_of(meta) or "" for meta in metas}
-    if not names - {""}:
+    metas = list(metas)
+    # (most items have no meta at all)
+    names = {g for meta in metas if meta and (g := group_of(meta)) is not None}
+    if not names:
         return None
+    if len(names) < len(metas) and any(group_of(meta) is None for meta in metas):
+        names.add("")  # the items without a group
     return () if len(names) > GROUPS_LISTED else tuple(sorted(names))
 
 
