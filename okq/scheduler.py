@@ -289,7 +289,7 @@ class Scheduler:
         walked plus handouts among this process's last ones (_Fair.share_out).
         Items without a group share as one group. Same returns as _pick."""
         backoff = int(self.rt.opts.contention_backoff * 1000)
-        fair = _Fair(n, now, now + int(2000 * self.rt.opts.max_clock_skew))
+        fair = _Fair(n, now, now + int(2000 * self.rt.opts.max_clock_skew), q.recent)
         budget = [self.rt.opts.lease_state_reads]
         useful = 0  # segments that gave candidates
         for looked, sm in enumerate(order):
@@ -299,7 +299,7 @@ class Scheduler:
             if names and fair.full.issuperset(names):
                 continue  # nothing here is wanted
             if fair.by_group and (looked >= FAIR_SCAN or useful >= FAIR_READS
-                                  or fair.enough(q.recent)):
+                                  or len(fair.unshared) >= n):
                 break
             cell = self.rt.lease_cell(q, sm.id)
             try:
@@ -310,12 +310,12 @@ class Scheduler:
                 continue
             obj = cell.view() if summary.inflight else None
             if obj is not None:
-                fair.busy.update(_in_flight(obj.items, layout, now))
+                fair.in_flight(_in_flight(obj.items, layout, now))
             if fair.add(sm, summary.ready, layout,
                         backoff if now - cell.conflict_ms < backoff else 0):
                 useful += 1
             self._note_stalled(q, sm, summary, now)
-        return fair.share_out(q.recent), fair.next_ready
+        return fair.share_out(), fair.next_ready
 
     async def _pick_ordered(self, q: QueueRuntime, m: Manifest, n: int
                             ) -> tuple[list[_Ordered], int | None]:
@@ -572,10 +572,18 @@ class _Fair:
     n: int
     now: int
     horizon: int  # fresh items from clocks ahead up to this are ready now
+    recent: RecentGroups
     by_group: dict[str, list[Candidate]] = field(default_factory=dict)
     full: set[str] = field(default_factory=set)  # the groups with n candidates
     busy: Counter[str] = field(default_factory=Counter)
+    # Groups with candidates and no share (nothing in flight seen, no handout among
+    # the last ones here): once n have some, no group found further on comes first.
+    unshared: set[str] = field(default_factory=set)
     next_ready: int | None = None
+
+    def in_flight(self, busy: Counter[str]) -> None:
+        self.busy.update(busy)
+        self.unshared.difference_update(busy)
 
     def add(self, sm: SegmentMeta, ready: list[tuple[int, int, int]],
             layout: list[tuple[str | None, int]], penalty: int) -> bool:
@@ -592,24 +600,23 @@ class _Fair:
             group = layout[idx][0] or ""
             if group in self.full:
                 continue
-            got = self.by_group.setdefault(group, [])
+            got = self.by_group.get(group)
+            if got is None:
+                got = self.by_group[group] = []
+                if not self.busy[group] and not self.recent.counts[group]:
+                    self.unshared.add(group)
             got.append((at + penalty, sm.id, idx, due, sm))
             took = True
             if len(got) == self.n:
                 self.full.add(group)
         return took
 
-    def enough(self, recent: RecentGroups) -> bool:
-        """Whether n groups without a share (nothing in flight, no handout among the
-        last ones here) have candidates: no group found further on can come first."""
-        return len(self.by_group) >= self.n and sum(
-            not self.busy[g] and not recent.counts[g] for g in self.by_group) >= self.n
-
-    def share_out(self, recent: RecentGroups) -> list[Candidate]:
+    def share_out(self) -> list[Candidate]:
         """The picks: one candidate at a time to the group with the lowest share (its
         items in flight, and its handouts among the last ones here, counting those
         picked so far); among equals, the group served least lately here, then the
         one waiting longest."""
+        recent = self.recent
         heap = []
         for group, got in self.by_group.items():
             got.sort()
