@@ -51,6 +51,9 @@ FAIR_SCAN = 4096
 #: nothing ready, and those whose groups all have their candidates, passed over
 #: by their entries in the manifest, do not count).
 FAIR_READS = 256
+#: The segments a fair lease takes its items from, at most (one lease-object write
+#: each, as a plain lease of items from one or two segments costs).
+FAIR_SEGMENTS = 2
 
 
 @dataclass(slots=True)
@@ -91,6 +94,12 @@ class _Summary:
     # and the groups among them (None: some item has no group).
     layout: list[tuple[str | None, int]] | None = None
     groups: frozenset[str | None] | None = None
+    # A fair walk's view of this version (derived from ``ready`` and the layout):
+    # the ready entries by group ("" for items without one), and the items in flight
+    # by group, counted until ``busy_until`` (the first of their leases to end).
+    by_group: dict[str, list[tuple[int, int, int]]] | None = None
+    busy: Counter[str] | None = None
+    busy_until: int = 0
 
 
 @dataclass(slots=True)
@@ -308,11 +317,15 @@ class Scheduler:
             except ObjectNotFound:  # removed by a compactor since this manifest was read
                 q.manifest.forget()
                 continue
-            obj = cell.view() if summary.inflight else None
-            if obj is not None:
-                fair.in_flight(_in_flight(obj.items, layout, now))
-            if fair.add(sm, summary.ready, layout,
-                        backoff if now - cell.conflict_ms < backoff else 0):
+            if summary.inflight:
+                if summary.busy is None or now >= summary.busy_until:
+                    obj = cell.view()
+                    summary.busy, summary.busy_until = _in_flight(
+                        obj.items if obj is not None else {}, layout, now)
+                fair.in_flight(summary.busy)
+            if summary.by_group is None:
+                summary.by_group = _by_group(summary.ready, layout)
+            if fair.add(sm, summary.by_group, backoff if now - cell.conflict_ms < backoff else 0):
                 useful += 1
             self._note_stalled(q, sm, summary, now)
         return fair.share_out(), fair.next_ready
@@ -585,37 +598,41 @@ class _Fair:
         self.busy.update(busy)
         self.unshared.difference_update(busy)
 
-    def add(self, sm: SegmentMeta, ready: list[tuple[int, int, int]],
-            layout: list[tuple[str | None, int]], penalty: int) -> bool:
-        """Take the candidates of a segment's ready items whose groups want more;
-        whether there were any."""
+    def add(self, sm: SegmentMeta, ready: dict[str, list[tuple[int, int, int]]],
+            penalty: int) -> bool:
+        """Take the candidates of a segment's ready items (by group) whose groups want
+        more; whether there were any."""
         took = False
-        for at, idx, due in ready:
-            if due > self.now or at > self.horizon:
-                soon = max(due, at) if at > self.horizon else due
-                self.next_ready = soon if self.next_ready is None else min(self.next_ready, soon)
-                if at > self.horizon:
-                    break
-                continue
-            group = layout[idx][0] or ""
+        for group, entries in ready.items():
             if group in self.full:
                 continue
             got = self.by_group.get(group)
-            if got is None:
-                got = self.by_group[group] = []
-                if not self.busy[group] and not self.recent.counts[group]:
-                    self.unshared.add(group)
-            got.append((at + penalty, sm.id, idx, due, sm))
-            took = True
-            if len(got) == self.n:
-                self.full.add(group)
+            for at, idx, due in entries:
+                if due > self.now or at > self.horizon:
+                    soon = max(due, at) if at > self.horizon else due
+                    self.next_ready = soon if self.next_ready is None else min(self.next_ready,
+                                                                               soon)
+                    if at > self.horizon:
+                        break
+                    continue
+                if got is None:
+                    got = self.by_group[group] = []
+                    if not self.busy[group] and not self.recent.counts[group]:
+                        self.unshared.add(group)
+                got.append((at + penalty, sm.id, idx, due, sm))
+                took = True
+                if len(got) == self.n:
+                    self.full.add(group)
+                    break
         return took
 
     def share_out(self) -> list[Candidate]:
         """The picks: one candidate at a time to the group with the lowest share (its
         items in flight, and its handouts among the last ones here, counting those
         picked so far); among equals, the group served least lately here, then the
-        one waiting longest."""
+        one waiting longest. From FAIR_SEGMENTS segments at most: a lease writes the
+        lease object of each segment it takes from, so a group whose next item is
+        in another segment waits for a later lease, where its share puts it first."""
         recent = self.recent
         heap = []
         for group, got in self.by_group.items():
@@ -624,9 +641,14 @@ class _Fair:
                          got[0][0], group, 0))
         heapq.heapify(heap)
         picks: list[Candidate] = []
+        segments: set[str] = set()
         while heap and len(picks) < self.n:
             share, _, _, group, i = heapq.heappop(heap)
             got = self.by_group[group]
+            if got[i][1] not in segments:
+                if len(segments) == FAIR_SEGMENTS:
+                    continue  # its next item would be a third write: its turn comes later
+                segments.add(got[i][1])
             picks.append(got[i])
             served = recent.note(group)
             if i + 1 < len(got):
@@ -635,12 +657,30 @@ class _Fair:
 
 
 def _in_flight(states: dict[int, ItemState], layout: list[tuple[str | None, int]],
-               now: int) -> Counter[str]:
-    """Items in flight in a segment by group ("" for those without one)."""
+               now: int) -> tuple[Counter[str], int]:
+    """Items in flight in a segment by group ("" for those without one), and until
+    when that holds (the first of their leases to end)."""
     out: Counter[str] = Counter()
+    until = 1 << 62
     for index, st in states.items():
         if st.s in IN_FLIGHT and (st.s != LEASED or st.t > now) and index < len(layout):
             out[layout[index][0] or ""] += 1
+            if st.s == LEASED:
+                until = min(until, st.t)
+    return out, until
+
+
+def _by_group(ready: list[tuple[int, int, int]], layout: list[tuple[str | None, int]]
+              ) -> dict[str, list[tuple[int, int, int]]]:
+    """A summary's ready entries by group, each in the summary's order."""
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for entry in ready:
+        group = layout[entry[1]][0] or ""
+        got = out.get(group)
+        if got is None:
+            out[group] = [entry]
+        else:
+            got.append(entry)
     return out
 
 

@@ -463,6 +463,27 @@ async def test_a_completions_grouped_outputs_get_their_share(
 
 
 @BOTH
+async def test_a_lease_writes_two_segments_at_most_and_the_groups_take_turns(
+    engine: Engine, clock: ManualClock
+) -> None:
+    """Ten groups, each in segments of its own: a lease of 10 takes from two segments
+    at most (one lease-object write each), two groups a lease; the shares put the
+    others first in the next leases, so five leases serve all ten, five items each."""
+    await engine.create_queue(Q)
+    for g in "ABCDEFGHIJ":
+        await engine.produce(Q, [new(f"{g}-{i}", g) for i in range(20)])
+        clock.advance(0.001)
+    served: Counter[str] = Counter()
+    for _ in range(5):
+        got = await engine.lease(Q, 10)
+        assert len({x.id.rsplit(".", 1)[0] for x in got}) <= 2, [x.id for x in got]
+        assert len(got) == 10 and len({who(x) for x in got}) == 2, [who(x) for x in got]
+        served.update(who(x) for x in got)
+        await engine.complete([x.token for x in got])
+    assert served == {g: 5 for g in "ABCDEFGHIJ"}, served
+
+
+@BOTH
 async def test_a_deep_backlog_is_passed_over_unread(
     engine: Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
