@@ -295,7 +295,9 @@ class Scheduler:
         candidates, and no further once n groups without a share have them (until
         some are found it goes as far as the plain walk would); then one item at a
         time goes to the group with the fewest items in flight in the segments
-        walked plus handouts among this process's last ones (_Fair.share_out).
+        walked (those whose items' groups are known here: a segment with nothing
+        ready is not read for them) plus handouts among this process's last ones
+        (_Fair.share_out).
         Items without a group share as one group. Same returns as _pick."""
         backoff = int(self.rt.opts.contention_backoff * 1000)
         fair = _Fair(n, now, now + int(2000 * self.rt.opts.max_clock_skew), q.recent)
@@ -313,7 +315,12 @@ class Scheduler:
             cell = self.rt.lease_cell(q, sm.id)
             try:
                 summary = await self._summary(q, sm, cell, now, budget)
-                layout = await self._layout(q, sm, summary)
+                self._note_stalled(q, sm, summary, now)
+                layout = summary.layout
+                if layout is None:
+                    if not summary.ready:
+                        continue  # nothing to lease: its groups are not worth a GET
+                    layout = await self._layout(q, sm, summary)
             except ObjectNotFound:  # removed by a compactor since this manifest was read
                 q.manifest.forget()
                 continue
@@ -327,7 +334,6 @@ class Scheduler:
                 summary.by_group = _by_group(summary.ready, layout)
             if fair.add(sm, summary.by_group, backoff if now - cell.conflict_ms < backoff else 0):
                 useful += 1
-            self._note_stalled(q, sm, summary, now)
         return fair.share_out(), fair.next_ready
 
     async def _pick_ordered(self, q: QueueRuntime, m: Manifest, n: int
