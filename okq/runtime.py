@@ -124,6 +124,9 @@ class QueueRuntime:
         # No help for an item before this time (after a help failed): (segment, index) -> ms
         self.help_after: dict[tuple[str, int], int] = {}
         self.recent = RecentGroups()  # the groups this process handed out last (fair sharing)
+        # The groups a fair walk to the end of the segments found ready items of:
+        # ((manifest ver, nonce), until ms, groups), for the walks after it.
+        self.fair_found: tuple[tuple[int, str], int, frozenset[str]] | None = None
 
 
 LAST_KEPT = 4096  # groups whose last handout RecentGroups remembers, at most

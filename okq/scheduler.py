@@ -51,6 +51,10 @@ FAIR_SCAN = 4096
 #: nothing ready, and those whose groups all have their candidates, passed over
 #: by their entries in the manifest, do not count).
 FAIR_READS = 256
+#: How long a fair walk to the end of a manifest's segments is trusted to have
+#: found every group with ready items (ms): another engine's retry, or a lease
+#: running out, may make one ready meanwhile, as for lease_state_max_age.
+FAIR_EMPTY_MS = 1000
 #: The segments a fair lease takes its items from, at most (one lease-object write
 #: each, as a plain lease of items from one or two segments costs).
 FAIR_SEGMENTS = 2
@@ -249,7 +253,7 @@ class Scheduler:
         _forget_dropped(q, m)
         segments, groups = _scan_order(m)
         if _grouped(groups):
-            return await self._pick_fair(q, n, segments, groups, now)
+            return await self._pick_fair(q, n, segments, groups, now, (m.ver, m.nonce))
         backoff = int(self.rt.opts.contention_backoff * 1000)
         horizon = now + int(2000 * self.rt.opts.max_clock_skew)  # fresh items from clocks ahead
         cands: list[tuple[int, str, int, int, SegmentMeta]] = []
@@ -284,7 +288,8 @@ class Scheduler:
         return cands[:n], next_ready
 
     async def _pick_fair(
-        self, q: QueueRuntime, n: int, order: list[SegmentMeta], groups: Groups, now: int
+        self, q: QueueRuntime, n: int, order: list[SegmentMeta], groups: Groups, now: int,
+        version: tuple[int, str],
     ) -> tuple[list[tuple[int, str, int, int, SegmentMeta]], int | None]:
         """A standard queue whose items name groups: the walk shares a lease out
         among the groups (docs/DESIGN.md, "Fair sharing"), so that one with a deep
@@ -298,13 +303,18 @@ class Scheduler:
         walked (those whose items' groups are known here: a segment with nothing
         ready is not read for them) plus handouts among this process's last ones
         (_Fair.share_out).
-        Items without a group share as one group. Same returns as _pick."""
+        Items without a group share as one group. A walk to the end of the list
+        notes the groups it found ready items of (the manifest names a group until a
+        compactor folds its last segment, and names none of a segment of many):
+        walks of the same manifest in the next FAIR_EMPTY_MS stop once those have
+        their candidates. Same returns as _pick."""
         backoff = int(self.rt.opts.contention_backoff * 1000)
         fair = _Fair(n, now, now + int(2000 * self.rt.opts.max_clock_skew), q.recent)
         budget = [self.rt.opts.lease_state_reads]
+        wanted = _wanted(q, groups, version, now)
         useful = 0  # segments that gave candidates
         for looked, sm in enumerate(order):
-            if groups is not None and fair.full >= groups:
+            if wanted is not None and fair.full >= wanted:
                 break  # every group of the queue has its candidates
             names = ("",) if sm.groups is None else sm.groups
             if names and fair.full.issuperset(names):
@@ -325,15 +335,14 @@ class Scheduler:
                 q.manifest.forget()
                 continue
             if summary.inflight:
-                if summary.busy is None or now >= summary.busy_until:
-                    obj = cell.view()
-                    summary.busy, summary.busy_until = _in_flight(
-                        obj.items if obj is not None else {}, layout, now)
-                fair.in_flight(summary.busy)
+                fair.in_flight(_busy(summary, cell, layout, now))
             if summary.by_group is None:
                 summary.by_group = _by_group(summary.ready, layout)
             if fair.add(sm, summary.by_group, backoff if now - cell.conflict_ms < backoff else 0):
                 useful += 1
+        else:  # to the end: what was not found has nothing ready, until the next ready time
+            until = min(now + FAIR_EMPTY_MS, fair.next_ready or now + FAIR_EMPTY_MS)
+            q.fair_found = (version, until, frozenset(fair.by_group))
         return fair.share_out(), fair.next_ready
 
     async def _pick_ordered(self, q: QueueRuntime, m: Manifest, n: int
@@ -660,6 +669,25 @@ class _Fair:
             if i + 1 < len(got):
                 heapq.heappush(heap, (share + 1, served, got[i + 1][0], group, i + 1))
         return picks
+
+
+def _wanted(q: QueueRuntime, groups: Groups, version: tuple[int, str], now: int) -> Groups:
+    """The groups a fair walk looks for: ``groups`` (None: not known), or those a walk
+    of this manifest found ready items of lately (QueueRuntime.fair_found)."""
+    found = q.fair_found
+    if found is not None and found[0] == version and now < found[1]:
+        return found[2]
+    return groups
+
+
+def _busy(summary: _Summary, cell: Cell[LeaseObject], layout: list[tuple[str | None, int]],
+          now: int) -> Counter[str]:
+    """A segment's items in flight by group, kept with its summary until a lease ends."""
+    if summary.busy is None or now >= summary.busy_until:
+        obj = cell.view()
+        summary.busy, summary.busy_until = _in_flight(obj.items if obj is not None else {},
+                                                      layout, now)
+    return summary.busy
 
 
 def _in_flight(states: dict[int, ItemState], layout: list[tuple[str | None, int]],
