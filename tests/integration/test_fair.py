@@ -483,6 +483,44 @@ async def test_a_lease_writes_two_segments_at_most_and_the_groups_take_turns(
     assert served == {g: 5 for g in "ABCDEFGHIJ"}, served
 
 
+async def test_a_walk_to_the_end_spares_the_next_ones_until_the_manifest_changes(
+    engine: Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments of ten groups each (more than a manifest entry names), and nine of the
+    groups drained: the first lease walks every segment looking for them, the next
+    ones (same manifest, within FAIR_EMPTY_MS) read one segment; an expired lease of
+    one of the nine is leased again once that second is over, and a produce of one
+    (a new manifest) at once."""
+    await engine.create_queue(Q)
+    for b in range(20):
+        await engine.produce(Q, [new(f"A-{b}-{i}", "A") for i in range(91)]
+                             + [new(f"{g}-{b}", g) for g in NINE])
+        clock.advance(0.001)
+    held: list[LeasedItem] = []
+    for _ in range(40):  # the nine's 180 items go out in about 20 (A gets a tenth)
+        got = await engine.lease(Q, 10, lease_timeout=30)
+        held += [x for x in got if who(x) != "A"]
+        if done := [x.token for x in got if who(x) == "A"]:
+            await engine.complete(done)
+        if len(held) == 180:
+            break
+    assert sorted(who(x) for x in held) == sorted(NINE * 20)
+    await engine.complete([x.token for x in held[1:]])
+    read = spy_reads(monkeypatch)
+    await engine.lease(Q, 1)  # the first walk: to the end
+    assert len(read) >= 20
+    for _ in range(3):
+        read.clear()
+        got = await engine.lease(Q, 1)
+        assert [who(x) for x in got] == ["A"] and len(read) <= 2, read
+    clock.advance(31)  # held[0]'s lease is over, and the note with it
+    got = await engine.lease(Q, 10)
+    assert held[0].id in {x.id for x in got}, [who(x) for x in got]
+    await engine.produce(Q, [new("B-new", "B")])
+    got = await engine.lease(Q, 10)
+    assert "B-new" in {x.payload.decode() for x in got}, [who(x) for x in got]
+
+
 @BOTH
 async def test_a_deep_backlog_is_passed_over_unread(
     engine: Engine, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
