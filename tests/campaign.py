@@ -14,6 +14,23 @@ fresh queue (of P partitions for ``name:P``, okq.partitions) and its own client 
 producers send keyed batches and retry an unknown outcome with the same keys,
 consumers complete what they lease, some through each load balancer and one
 of each per node directly, and every outcome goes into a :class:`~tests.history.History`.
+
+A scenario's name is ``injector[:P][+fifo][@direct]`` (``scenario_spec``), e.g.
+``kill:2+fifo`` or ``clock+fifo@direct``: ``+fifo`` runs it on an ordered queue
+(``fifo: true``, docs/DESIGN.md "Ordered delivery") whose producers give each item
+one of ``FIFO_GROUPS`` message groups (drawn per item, so a batch often holds two
+of a group and every producer feeds every group; a retried batch carries the same
+keys and groups in the same order). The history then also records each key's
+group, when its produce was first sent and when one was acknowledged, each lease
+call and each item's place in its reply, and when each completion was first sent,
+and ``History.check_order`` checks the order promise (tests/history.py gives the
+rules and why each is sound): an item handed out while an item acknowledged before
+its own produce was sent was still unfinished and not in its handout (*out of
+order*), a reply listing a group's items out of order (*inverted*), and a handout
+while another handout of the group surely still held its lease (*two in flight*;
+not checked where clocks are skewed, as lease deadlines are the nodes' clocks). The
+groups delivered from more than one partition are counted too (a group's items
+all belong in one partition).
 The faults run for the profile's time; then the load drains (producers stop,
 consumers take everything left, waiting out lease timeouts) and the checker
 reads the history. Scenarios (``SCENARIOS``):
@@ -56,11 +73,15 @@ reads the history. Scenarios (``SCENARIOS``):
   nodes directly for this one, since nginx would send it there too.
 
 The report (markdown and JSON) gives per scenario the operations, the faults
-injected by kind, the checker's figures and the longest stall (the longest
-time no client operation succeeded). A process that dies unasked (not killed by
-the campaign) is restarted, as a supervisor would, and reported. The exit
-status is 1 when a scenario lost an item, completed one twice or delivered one
-after its completion; 2 when the campaign cannot run (a program is missing).
+injected by kind, the checker's figures (on an ordered queue its order violations
+and the items delivered per group) and the longest stall (the longest time no
+client operation succeeded); a failed scenario's whole history is written to the
+work directory as JSON (``History.dump``), beside the processes' logs. A process
+that dies unasked (not killed by the campaign) is restarted, as a supervisor
+would, and reported. The exit status is 1 when a scenario lost an item,
+completed one twice, delivered one after its completion or (on an ordered queue)
+broke the order, except past the clock bound (``clock-beyond``), where the design
+does not promise order; 2 when the campaign cannot run (a program is missing).
 """
 
 from __future__ import annotations
@@ -97,11 +118,12 @@ from okq.dev.nginx import nginx_binary
 from okq.dev.servers import Process, ServerMissing, free_port, weed_binary
 from okq.errors import LeaseLost, OkqError, Overloaded, PublishAborted
 from okq.fleetwire import FORWARD_PATH
+from okq.partitions import token_queue
 from okq.store.base import DEFAULT_S3_TIMEOUT
 from okq.wire import LeasedItemOut, ProduceItem
 from tests.forwardtap import ForwardTap
 from tests.haproxy import HaproxyServer, haproxy_binary
-from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, Report
+from tests.history import ACCEPTED, REFUSED, UNKNOWN, History, OrderReport, Report
 from tests.s3proxy import Rule, S3Proxy
 
 LEASE_TIMEOUT = 3.0  # seconds: the campaign's queues redeliver a lost lease quickly
@@ -164,24 +186,55 @@ class Profile:
     #: without it, where every node takes lease decisions by its own clock.
     #: ``name:P`` runs it on a queue of P partitions (okq.partitions): the short form
     #: kills nodes under a queue of 2 (test_fleet.py kills them under queues of 1 and
-    #: of 3); the long form runs every scenario both ways.
-    scenarios: tuple[str, ...] = ("store", "kill:2", "stop", "s3-restart", "clock@direct")
+    #: of 3); the long form runs every scenario both ways. ``name+fifo`` runs it on an
+    #: ordered queue with grouped items, its history checked for order too: the short
+    #: form kills nodes under an ordered queue of 2 partitions.
+    scenarios: tuple[str, ...] = ("store", "kill:2+fifo", "stop", "s3-restart",
+                                  "clock@direct")
 
 
 CAMPAIGN_CHUNK = 4  # segments per manifest chunk in the campaign's fleet
 SHORT = Profile("short", seconds=6, drain=60, stop_rounds=2,
                 store=StoreFaults(timeout=0.05, timeout_landed=0.05, timeouts_max=2))
+#: The long form's scenarios on ordered queues.
+FIFO_LONG = ("store+fifo", "kill+fifo", "stop+fifo", "s3-restart+fifo", "hang+fifo",
+             "store:2+fifo", "kill:2+fifo", "stop:2+fifo", "clock+fifo@direct",
+             "clock:2+fifo@direct", "store:2+fifo@direct")
 LONG = Profile("long", seconds=100, drain=180, stop_rounds=5, s3_restarts=3, hang_seconds=60,
                cutoff_seconds=2 * ROLE_TTL + 10, store=StoreFaults(timeouts_max=12),
-               scenarios=(*SCENARIOS, *(f"{n}:2" for n in SCENARIOS), "clock@direct",
-                          "clock-beyond@direct", "clock:2@direct", "store:2@direct"))
+               scenarios=(*SCENARIOS, *(f"{n}:2" for n in SCENARIOS), *FIFO_LONG[:8],
+                          "clock@direct", "clock-beyond@direct", "clock:2@direct",
+                          "store:2@direct", *FIFO_LONG[8:]))
+#: The message groups of a ``+fifo`` scenario's items.
+FIFO_GROUPS = 8
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a scenario's name says (``name[:P][+fifo][@direct]``)."""
+
+    injector: str
+    partitions: int = 1
+    fifo: bool = False
+    direct: bool = False
+
+
+def scenario_spec(name: str) -> Spec:
+    """``kill:2+fifo@direct`` -> Spec("kill", 2, fifo=True, direct=True); ValueError
+    for a name of another shape or an unknown injector."""
+    base, at, mode = name.partition("@")
+    base, plus, flag = base.partition("+")
+    injector, colon, partitions = base.partition(":")
+    if (injector not in SCENARIOS or (at and mode != "direct") or (plus and flag != "fifo")
+            or (colon and not (partitions.isdigit() and int(partitions) >= 1))):
+        raise ValueError(f"not a scenario: {name!r}")
+    return Spec(injector, int(partitions) if colon else 1, fifo=bool(plus), direct=bool(at))
 
 
 def scenario_parts(name: str) -> tuple[str, int]:
     """A scenario's injector and its queue's partitions: ``kill:2@direct`` -> (kill, 2)."""
-    base = name.partition("@")[0]
-    injector, _, partitions = base.partition(":")
-    return injector, int(partitions) if partitions.isdigit() else 1
+    spec = scenario_spec(name)
+    return spec.injector, spec.partitions
 
 
 # -- libfaketime ---------------------------------------------------------------------------
@@ -289,6 +342,10 @@ class Load:
     batch: int = 5
     pause: float = 0.2
     client_timeout: float = CLIENT_TIMEOUT
+    #: message groups the producers spread their items over (0: none): on an ordered
+    #: queue, ``g0`` ... each item's drawn at random, so that a batch often holds two
+    #: of one group and every group is fed by every producer
+    groups: int = 0
     history: History = field(default_factory=History)
     ops: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
@@ -313,12 +370,15 @@ class Load:
     # -- producing ----------------------------------------------------------------------
 
     async def _produce(self, n: int, url: str) -> None:
+        rng = random.Random(f"{self.queue}-{n}")
         async with Client(url, timeout=self.client_timeout) as c:
             for seq in itertools.count():
                 if not self.producing:
                     return
+                groups = ([f"g{rng.randrange(self.groups)}" for _ in range(self.batch)]
+                          if self.groups else None)
                 await self._produce_batch(c, [f"{self.queue}-{n}-{seq}-{i}"
-                                              for i in range(self.batch)])
+                                              for i in range(self.batch)], groups)
                 self.writes.append((time.monotonic(), url))
                 await asyncio.sleep(self.pause)
 
@@ -331,12 +391,16 @@ class Load:
         edges = [start, *times, end]
         return times[0] - start, max(b - a for a, b in itertools.pairwise(edges))
 
-    async def _produce_batch(self, c: Client, keys: list[str]) -> None:
+    async def _produce_batch(self, c: Client, keys: list[str],
+                             groups: list[str] | None = None) -> None:
         """Until acknowledged: a batch whose outcome is unknown may exist already, so
-        it is sent again with the same keys (for at most 90 s, then left unknown)."""
-        items = [ProduceItem(utf8=k, key=k) for k in keys]
+        it is sent again with the same keys and groups, in the same order (for at most
+        90 s, then left unknown)."""
+        items = [ProduceItem(utf8=k, key=k, group=groups[n] if groups else None)
+                 for n, k in enumerate(keys)]
         give_up = time.monotonic() + 90
         while time.monotonic() < give_up:
+            self.history.sending(keys, groups)
             try:
                 ids = await c.produce(self.queue, items)
             except (Overloaded, PublishAborted) as exc:  # nothing was published
@@ -375,24 +439,40 @@ class Load:
             self.ops["lease failed"] += 1
             await asyncio.sleep(0.1)
             return None
+        returned, wall = self.history.clock(), self.history.wall()
         self.ops["lease calls"] += 1
-        for item in items:
+        call = self.history.new_call()
+        for n, item in enumerate(items):
+            group = (item.meta or {}).get("group")
             self.history.delivered(item.id, item.token, item.attempts, key=item.utf8,
-                                   invoked=began, deadline=item.lease_deadline.timestamp())
+                                   invoked=began, deadline=item.lease_deadline.timestamp(),
+                                   returned=returned, returned_wall=wall, call=call, index=n,
+                                   group=group if isinstance(group, str) else None)
         if items:
             self.progress.tick()
         return items
 
     async def complete(self, c: Client, items: list[LeasedItemOut], patience: float = 30) -> None:
         """Complete ``items`` through ``c``, retrying an unknown outcome with the same
-        tokens for ``patience`` seconds; record each item's outcome."""
+        tokens for ``patience`` seconds; record each item's outcome, with when the
+        first attempt was sent (unknown if the task is cancelled on its way)."""
+        sent = self.history.clock()
+        try:
+            await self._complete(c, items, sent, patience)
+        except asyncio.CancelledError:
+            for item in items:
+                self.history.completed(item.id, item.token, UNKNOWN, sent=sent)
+            raise
+
+    async def _complete(self, c: Client, items: list[LeasedItemOut], sent: float,
+                        patience: float) -> None:
         ambiguous = False
         give_up = time.monotonic() + patience
         while time.monotonic() < give_up:
             try:
                 await c.complete(self.queue, [i.token for i in items])
             except LeaseLost as exc:
-                self._refused(c.url, items, exc, ambiguous)
+                self._refused(c.url, items, exc, ambiguous, sent)
                 return
             except OkqError as exc:
                 self._error("complete", exc)
@@ -400,14 +480,14 @@ class Load:
                 await asyncio.sleep(0.2)
                 continue
             for item in items:
-                self.history.completed(item.id, item.token, ACCEPTED)
+                self.history.completed(item.id, item.token, ACCEPTED, sent=sent)
             self.progress.tick()
             return
         for item in items:
-            self.history.completed(item.id, item.token, UNKNOWN)
+            self.history.completed(item.id, item.token, UNKNOWN, sent=sent)
 
     def _refused(self, url: str, items: list[LeasedItemOut], exc: LeaseLost,
-                 ambiguous: bool) -> None:
+                 ambiguous: bool, sent: float) -> None:
         """Some completions were refused: those the error names; the others landed.
 
         A refusal because the item's segment was compacted away, after an earlier
@@ -424,7 +504,7 @@ class Load:
             else:
                 outcome = REFUSED
                 self.refused_via[url] += 1
-            self.history.completed(item.id, item.token, outcome)
+            self.history.completed(item.id, item.token, outcome, sent=sent)
 
     def _error(self, op: str, exc: OkqError) -> None:
         status = exc.details.get("status", "")
@@ -548,15 +628,36 @@ class Outcome:
     misdelivered: int = 0
     replays_accepted: int = 0
     resumed: dict[str, float | None] = field(default_factory=dict)
+    #: ``+fifo`` only (None elsewhere): ``History.check_order``'s findings, the items
+    #: delivered per group, and the groups delivered from more than one partition
+    order_violations: int | None = None
+    out_of_order: int | None = None
+    #: of those, behind an item that was never completed at all (lost): the loss may
+    #: be what let the group go on
+    out_of_order_behind_lost: int | None = None
+    inverted_in_handout: int | None = None
+    two_in_flight: int | None = None  # None as well where clocks were skewed
+    order_checked: int | None = None
+    groups: dict[str, int] = field(default_factory=dict)
+    split_groups: int | None = None
+    order: str = ""
 
     @property
     def failed(self) -> bool:
         return bool(self.lost or self.completed_twice or self.delivered_after_completion
-                    or self.misdelivered or self.replays_accepted)
+                    or self.misdelivered or self.replays_accepted or self.order_failed)
+
+    @property
+    def order_failed(self) -> bool:
+        """Order broken where the design promises it: everywhere but ``clock-beyond``
+        (past the clock bound it promises no lost item and no second completion,
+        only lost availability or order)."""
+        broken = bool(self.order_violations or self.split_groups)
+        return broken and scenario_spec(self.scenario).injector != "clock-beyond"
 
 
 def outcome_of(name: str, mode: str, seconds: float, drained: bool, load: Load,
-               report: Report, run: Run) -> Outcome:
+               report: Report, run: Run, order: OrderReport | None = None) -> Outcome:
     outcomes = Counter(c.outcome for c in load.history.completions)
     ops = {**load.ops, "items acknowledged": report.produced,
            "completions accepted": outcomes[ACCEPTED],
@@ -580,8 +681,37 @@ def outcome_of(name: str, mode: str, seconds: float, drained: bool, load: Load,
         errors=dict(load.errors.most_common()), notes=run.notes, checker=report.summary(),
         examples={"lost": report.lost[:10], "completed_twice": report.completed_twice[:10],
                   "late_deliveries": [list(x) for x in report.late_deliveries[:10]],
-                  "unexpected": report.unexpected[:10]},
+                  "unexpected": report.unexpected[:10],
+                  **(_order_examples(order) if order is not None else {})},
+        **(_order_fields(order, load.history, report) if order is not None else {}),
     )
+
+
+def _order_fields(order: OrderReport, history: History, report: Report) -> dict[str, Any]:
+    lost = {history.key_of.get(i, i) for i in report.lost}
+    return {"order_violations": order.violations, "out_of_order": len(order.out_of_order),
+            "out_of_order_behind_lost": sum(y in lost for _, _, y in order.out_of_order),
+            "inverted_in_handout": len(order.inverted),
+            "two_in_flight": None if order.two_in_flight is None else len(order.two_in_flight),
+            "order_checked": order.checked, "groups": order.groups,
+            "split_groups": len(split_groups(history)), "order": order.summary()}
+
+
+def _order_examples(order: OrderReport) -> dict[str, list[Any]]:
+    return {"out_of_order": [list(x) for x in order.out_of_order[:10]],
+            "inverted_in_handout": [list(x) for x in order.inverted[:10]],
+            "two_in_flight": [list(x) for x in (order.two_in_flight or [])[:10]]}
+
+
+def split_groups(history: History) -> dict[str, set[str]]:
+    """Groups whose items were delivered from more than one partition (read off the
+    lease tokens): each group's items all belong in the partition its name hashes to."""
+    seen: dict[str, set[str]] = {}
+    for d in history.deliveries:
+        group = history.groups.get(d.key or "") or d.group
+        if group is not None:
+            seen.setdefault(group, set()).add(str(token_queue(d.token)))
+    return {g: parts for g, parts in sorted(seen.items()) if len(parts) > 1}
 
 
 def markdown(outcomes: Sequence[Outcome], header: dict[str, Any]) -> str:
@@ -592,9 +722,9 @@ def markdown(outcomes: Sequence[Outcome], header: dict[str, Any]) -> str:
              "| scenario | s | produces ack / unknown / failed (items) | leases ok / failed "
              "| completions accepted / refused / unknown | faults injected | misdelivered "
              "| replays accepted | lost "
-             "| completed twice | delivered after completion | duplicate deliveries (rate) "
-             "| longest stall | died unasked |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| completed twice | delivered after completion | order violations "
+             "| duplicate deliveries (rate) | longest stall | died unasked |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(o) for o in outcomes]
     for o in outcomes:
         early = "n/a (clocks skewed)" if o.early_redeliveries is None else o.early_redeliveries
@@ -605,6 +735,17 @@ def markdown(outcomes: Sequence[Outcome], header: dict[str, Any]) -> str:
                   f"- longest stall {o.longest_stall:.2f} s, beginning {o.longest_stall_at:.1f} s "
                   "into the run",
                   f"- client errors: {_errors(o.errors)}"]
+        if o.order_violations is not None:
+            flight = "n/a (clocks skewed)" if o.two_in_flight is None else o.two_in_flight
+            lines.append(
+                f"- order (ordered queue, {len(o.groups)} groups): {o.order_checked} "
+                f"deliveries checked against earlier items of their group; out of order "
+                f"{o.out_of_order} ({o.out_of_order_behind_lost} behind a lost item), "
+                f"inverted within a handout {o.inverted_in_handout}, two handouts of a "
+                f"group in flight {flight}; groups in more than one partition "
+                f"{o.split_groups}; items delivered per group {o.groups}"
+                + ("; past the clock bound order is not promised" if o.order_violations
+                   and not o.order_failed else ""))
         lines += [f"- {note}" for note in o.notes]
         if o.failed:
             lines.append(f"- FAILED: examples {json.dumps(o.examples)}")
@@ -619,10 +760,11 @@ def _row(o: Outcome) -> str:
     completions = (f"{ops['completions accepted']} / {ops['completions refused']} / "
                    f"{ops['completions unknown']}")
     faults = ", ".join(f"{k} {v}" for k, v in o.faults.items()) or "none"
+    order = "n/a" if o.order_violations is None else o.order_violations
     return (f"| {o.scenario} | {o.seconds:.0f} | {produces} | {leases} | {completions} "
             f"| {faults} | {o.misdelivered} | {o.replays_accepted} | {o.lost} "
             f"| {o.completed_twice} "
-            f"| {o.delivered_after_completion} "
+            f"| {o.delivered_after_completion} | {order} "
             f"| {o.duplicate_deliveries} ({o.duplicate_rate:.3f}) | {o.longest_stall:.1f} s "
             f"| {', '.join(f'{k} {v}' for k, v in o.died.items()) or 'none'} |")
 
@@ -718,12 +860,17 @@ class Campaign:
     # -- scenarios ---------------------------------------------------------------------------
 
     async def scenario(self, name: str) -> Outcome:
-        """Run one scenario (``clock`` or ``clock@direct``) under load, drain, check."""
-        injector, partitions = scenario_parts(name)
+        """Run one scenario (``clock``, ``clock@direct``, ``kill:2+fifo``) under load,
+        drain, check."""
+        spec = scenario_spec(name)
+        injector = spec.injector
         inject = self._injectors()[injector]
-        queue = f"c-{injector}-{uuid.uuid4().hex[:8]}"
+        queue = f"c-{injector}{'-fifo' if spec.fifo else ''}-{uuid.uuid4().hex[:8]}"
+        fifo = {"fifo": True} if spec.fifo else {}
         async with Client(self.fleet.url, timeout=30) as c:
-            await c.create_queue(queue, lease_timeout=LEASE_TIMEOUT, partitions=partitions)
+            info = await c.create_queue(queue, lease_timeout=LEASE_TIMEOUT,
+                                        partitions=spec.partitions, **fifo)
+        assert info.fifo == spec.fifo, info
         nodes = [n.url for n in self.fleet.nodes]
         via = self._balancers()
         if injector == "namespaces":  # a balancer would send clients to the other namespace's node
@@ -732,7 +879,8 @@ class Campaign:
             via = []
         load = Load(queue, via * self.profile.producers_per_balancer + nodes,
                     via * self.profile.consumers_per_balancer + nodes,
-                    batch=self.profile.batch, pause=self.profile.pause)
+                    batch=self.profile.batch, pause=self.profile.pause,
+                    groups=FIFO_GROUPS if spec.fifo else 0)
         run = Run(load)
         began = time.monotonic()
         load.start()
@@ -746,8 +894,19 @@ class Campaign:
             await asyncio.gather(supervisor, return_exceptions=True)
             await load.stop()
         report = load.history.check(lease_timeout=None if run.skewed else LEASE_TIMEOUT)
+        # the lease deadlines are the nodes' wall clocks: comparable with ours unless
+        # skewed; a queue without max_attempts (the campaign's) never dead-letters
+        order = (load.history.check_order(in_flight=not run.skewed,
+                                          dead_letters=info.max_attempts > 0)
+                 if spec.fifo else None)
         mode = "sequencer" if self.fleet.sequencer else "direct"
-        return outcome_of(name, mode, time.monotonic() - began, drained, load, report, run)
+        outcome = outcome_of(name, mode, time.monotonic() - began, drained, load, report, run,
+                             order)
+        if outcome.failed:  # the whole history, beside the logs the campaign keeps
+            path = self.workdir / f"history-{name}.json"
+            path.write_text(json.dumps({"queue": queue, **load.history.dump()}))
+            outcome.notes.append(f"history written to {path}")
+        return outcome
 
     def _balancers(self) -> list[str]:
         """The load balancers' URLs: nginx (``okq fleet``'s) and HAProxy."""
@@ -1091,7 +1250,7 @@ def run_campaign(profile: Profile, names: Sequence[str], seed: int,
                   f"s; {profile.seconds:g} s of faults per scenario")}
     outcomes: list[Outcome] = []
     for sequencer in (True, False):
-        mine = [n for n in names if n.endswith("@direct") != sequencer]
+        mine = [n for n in names if scenario_spec(n).direct != sequencer]
         if mine:
             campaign = Campaign(profile, workdir, seed, sequencer,
                                 tap=any(n.startswith("replay") for n in mine))
@@ -1117,7 +1276,8 @@ def campaign_start(campaign: Campaign) -> float:
 def _scenario(campaign: Campaign, name: str) -> Outcome:
     print(f"campaign: {name} ...", file=sys.stderr, flush=True)
     outcome = asyncio.run(campaign.scenario(name))
-    print(f"campaign: {name}: {outcome.checker}", file=sys.stderr, flush=True)
+    print(f"campaign: {name}: {outcome.checker}"
+          + (f"; {outcome.order}" if outcome.order else ""), file=sys.stderr, flush=True)
     return outcome
 
 
@@ -1132,8 +1292,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--report", type=Path, help="write the markdown report here, and "
                         "the JSON one beside it (.json)")
     parser.add_argument("--scenarios", help=f"comma-separated, of {', '.join(SCENARIOS)}, "
-                        "each with @direct to run it on a fleet without the sequencer "
-                        "and :P (before @) to run it on a queue of P partitions "
+                        "each as name[:P][+fifo][@direct]: :P to run it on a queue of P "
+                        "partitions, +fifo on an ordered queue with grouped items (its "
+                        "order checked), @direct on a fleet without the sequencer "
                         "(default: the profile's)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     parser.add_argument("--seconds", type=float, help="faults per scenario, overriding the "
@@ -1145,13 +1306,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.seconds is not None:
         args.profile = replace(args.profile, seconds=args.seconds)
     names = args.scenarios.split(",") if args.scenarios else list(args.profile.scenarios)
-    unknown = [n for n in names if scenario_parts(n)[0] not in SCENARIOS
-               or n.partition("@")[2] not in ("", "direct")]
+    unknown = [n for n in names if not _known(n)]
     if unknown:
-        parser.error(f"unknown scenarios {unknown}: choose from {', '.join(SCENARIOS)}")
+        parser.error(f"unknown scenarios {unknown}: choose from {', '.join(SCENARIOS)}, "
+                     "each as name[:P][+fifo][@direct]")
     args.names = names
     args.seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     return args
+
+
+def _known(name: str) -> bool:
+    try:
+        scenario_spec(name)
+    except ValueError:
+        return False
+    return True
 
 
 def write_report(path: Path, outcomes: Sequence[Outcome], header: dict[str, Any]) -> None:

@@ -4,10 +4,14 @@
 (SeaweedFS behind the fault proxy, three nodes, the compactor, nginx); these tests
 read the JSON report it writes and check that every scenario lost nothing,
 completed nothing twice and delivered nothing after its completion, and that each
-actually injected its faults. The short form's scenarios on the sequencer-mode
-fleet run here; those on the fleet without the sequencer (``name@direct``) run in
-test_campaign_direct.py, so that the suite's workers run the two fleets side by
-side (``--scenarios`` picks each half; together they are ``SHORT.scenarios``).
+actually injected its faults; a scenario on an ordered queue (``+fifo``) must
+also show no order violation (none out of order, none inverted within a handout,
+no two handouts of a group in flight, no group in two partitions), having
+delivered items of most of its groups, each against earlier items of its group.
+The short form's scenarios on the sequencer-mode fleet run here; those on the
+fleet without the sequencer (``name@direct``) run in test_campaign_direct.py, so
+that the suite's workers run the two fleets side by side (``--scenarios`` picks
+each half; together they are ``SHORT.scenarios``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 import pytest
 
 from okq.dev.servers import ServerMissing
-from tests.campaign import SHORT, require_programs, scenario_parts
+from tests.campaign import FIFO_GROUPS, SHORT, require_programs, scenario_parts, scenario_spec
 
 pytestmark = pytest.mark.s3
 SEED = 13
@@ -63,9 +67,20 @@ CHECKS = {"store": _check_store, "kill": _check_kill, "stop": _check_stop,
           "clock": _check_clock, "s3-restart": _check_s3_restart}
 
 
+def _check_order(s: dict[str, Any]) -> None:
+    """An ordered queue's scenario: no order violation, and order actually exercised."""
+    assert (s["order_violations"], s["out_of_order"], s["inverted_in_handout"],
+            s["split_groups"]) == (0, 0, 0, 0), (s["scenario"], s["order"], s["examples"])
+    skewed = scenario_parts(s["scenario"])[0].startswith("clock")
+    assert s["two_in_flight"] == (None if skewed else 0), s["order"]
+    delivered = {g: n for g, n in s["groups"].items() if n > 0}
+    assert len(delivered) >= FIFO_GROUPS // 2 and min(delivered.values()) >= 10, s["groups"]
+    assert s["order_checked"] > sum(delivered.values()) // 2, s["order"]
+
+
 #: The short form's scenarios on the sequencer-mode fleet, and those on the other one.
-SEQUENCER = [n for n in SHORT.scenarios if not n.endswith("@direct")]
-DIRECT = [n for n in SHORT.scenarios if n.endswith("@direct")]
+SEQUENCER = [n for n in SHORT.scenarios if not scenario_spec(n).direct]
+DIRECT = [n for n in SHORT.scenarios if scenario_spec(n).direct]
 
 
 @pytest.mark.timeout(600)
@@ -100,3 +115,7 @@ def run_short_campaign(tmp_path: Path, names: list[str]) -> None:
         assert s["operations"]["produce acknowledged"] > 0, name
         assert s["operations"]["completions accepted"] > 0, name
         CHECKS[scenario_parts(name)[0]](s)
+        if scenario_spec(name).fifo:
+            _check_order(s)
+        else:
+            assert s["order_violations"] is None, name
