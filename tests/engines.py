@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from okq import Engine, EngineOptions, TokenSigner
 from okq.clock import Clock, ManualClock
 from okq.store import Store
@@ -29,3 +31,12 @@ def make_engine(
         clock=clock or ManualClock(),
         options=opts,
     )
+
+
+def property_examples(short: int, long: int) -> int:
+    """A property test's example count: ``short`` in the suite, ``long`` with
+    ``OKQ_PROPERTY_EXAMPLES=long``, or the number it names."""
+    value = os.environ.get("OKQ_PROPERTY_EXAMPLES", "")
+    if value == "long":
+        return long
+    return int(value or "0") or short

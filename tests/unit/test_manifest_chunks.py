@@ -21,6 +21,7 @@ from okq.model import (
     encode_manifest,
     new_nonce,
 )
+from tests.engines import property_examples
 
 
 def seg(n: int) -> SegmentMeta:
@@ -146,7 +147,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=property_examples(60, 150), deadline=None)
 @given(ops=OPS)
 def test_chunks_always_stand_for_the_list_the_changes_made(ops: list[tuple[str, Any]]) -> None:
     """Whatever appends, drops, cuts, copies and purges: the head and its chunks decode
@@ -185,7 +186,7 @@ def test_chunks_always_stand_for_the_list_the_changes_made(ops: list[tuple[str, 
             assert m.listed(seg(n).id) == (seg(n) in model)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=property_examples(40, 100), deadline=None)
 @given(steps=st.lists(st.tuples(st.integers(0, 6), st.lists(st.integers(0, 80), max_size=4),
                                 st.booleans()), max_size=25))
 def test_the_lease_walks_order_is_the_sorted_list_after_any_change(

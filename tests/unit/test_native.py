@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from okq import native
+from tests.engines import property_examples
 
 PROBE = ("import json, okq.leases, okq.tokens, okq.native as n; print(json.dumps("
          "[n.COMPILED, n.CHOICE.reason, okq.leases.ItemState.__module__, "
@@ -110,7 +111,7 @@ def run(tr: ModuleType, ops: list[tuple[str, int, int, int]]) -> list[Any]:
     return seen
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=property_examples(120, 300), deadline=None)
 @given(ops=OPS)
 def test_both_make_the_same_objects_and_answers(ops: list[tuple[str, int, int, int]]) -> None:
     compiled = compiled_or_skip()["leases"]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from okq.errors import InvalidToken
 from okq.tokens import Delivery, TokenSigner, key_id
+from tests.engines import property_examples
 
 #: Each test runs on the pure and the compiled hot path (tests/unit/conftest.py).
 pytestmark = pytest.mark.usefixtures("hot_path")
@@ -297,7 +298,8 @@ TOKENS = [V1.sign(D), TokenSigner([K1], 1).sign(Delivery("ns", "q", "s", 0, 1)),
           SIGNER.sign(D), TokenSigner([K1]).sign(Delivery("ns", "q", "s", 0, 1))]
 
 
-@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=property_examples(200, 500),
+          suppress_health_check=[HealthCheck.too_slow])
 @given(which=st.integers(0, len(TOKENS) - 1), data=st.data(), new=EDIT_CHARS)
 def test_single_character_change_never_names_another_delivery(
     which: int, data: st.DataObject, new: str

@@ -22,6 +22,7 @@ from okq.leases import (
     ItemState,
     LeaseObject,
 )
+from tests.engines import property_examples
 
 #: Each test runs on the pure and the compiled hot path (tests/unit/conftest.py).
 pytestmark = pytest.mark.usefixtures("hot_path")
@@ -514,7 +515,7 @@ ALLOWED = {
 }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=property_examples(120, 300), deadline=None)
 @given(ops=st.lists(op_strategy, max_size=40), max_attempts=st.integers(0, 3))
 def test_random_sequences_keep_the_invariants(
     ops: list[tuple[Any, ...]], max_attempts: int
