@@ -163,6 +163,11 @@ class Cell(Generic[T]):
             if self.fetched_ms is None:
                 await self.refresh()
                 fresh = True
+            # The version the batch is applied to, and its ETag, taken together: a
+            # reader's refresh while the write awaits (``prepare`` writes chunks)
+            # moves self.etag on, and a conditional PUT on that newer ETag of a
+            # change made to the older copy would replace what came between.
+            base = self.etag
             obj = self._working_copy()
             if obj is None:
                 raise ObjectNotFound(f"no object {self.key!r}", key=self.key)
@@ -176,7 +181,7 @@ class Cell(Generic[T]):
                     fresh, attempt = True, attempt - 1
                     continue
                 return _answers(results)
-            if await self._put(obj):
+            if await self._put(obj, base):
                 return _answers(results)
         raise StorageError(
             f"gave up writing {self.key!r}: {attempt} attempts lost their races in "
@@ -202,18 +207,20 @@ class Cell(Generic[T]):
                 results.append(exc)
         return results
 
-    async def _put(self, obj: T) -> bool:
-        """Write ``obj`` conditionally; True when it landed."""
+    async def _put(self, obj: T, base: str | None) -> bool:
+        """Write ``obj``, a change of the version whose ETag is ``base`` (None: of no
+        object), conditionally on that version still being the current one; True
+        when it landed."""
         obj.ver += 1
         obj.nonce = new_nonce()
         if self.prepare is not None:
             await self.prepare(obj)
         data = self.encode(obj)
         try:
-            if self.etag is None:
+            if base is None:
                 etag = await self.store.put(self.key, data, if_none_match=True)
             else:
-                etag = await self.store.put(self.key, data, if_match=self.etag)
+                etag = await self.store.put(self.key, data, if_match=base)
         except CASConflict:
             self.conflict_ms = self.clock.now_ms()
             if self.on_conflict:

@@ -510,3 +510,40 @@ async def test_a_copying_cell_never_changes_the_view_a_reader_holds() -> None:
                       if o.items[0].s != DONE else Unchanged("done"))
     assert view_before is not None and view_before.items[0].t == clock.now_ms() + 60_000
     assert cell.view() is not None and cell.view().items[0].s == DONE  # type: ignore[union-attr]
+
+
+# -- a reader's refresh while a write awaits ----------------------------------------
+
+
+async def test_a_refresh_during_a_writes_prepare_does_not_let_it_replace_a_newer_version() -> None:
+    """A write is conditional on the version its change was applied to, not on what
+    the cell holds when the PUT goes out. The campaign lost acknowledged produces
+    without the sequencer this way: a manifest write awaited its chunk writes
+    (``prepare``), a lease's read of the manifest meanwhile brought another node's
+    newer version into the cell, and the PUT, sent with that version's ETag,
+    replaced it with a change of the older one (docs/DESIGN.md, "Cells")."""
+    store = MemoryStore()
+    clock = ManualClock()
+    gate = asyncio.Event()
+    prepared = asyncio.Event()
+    calls = Calls()
+
+    async def prepare(obj: LeaseObject) -> None:
+        if not gate.is_set():
+            prepared.set()
+            await gate.wait()
+
+    writer: Cell[LeaseObject] = Cell(store, KEY, clock, encode_lease, decode_lease,
+                                     initial=lambda: LeaseObject(SEG), prepare=prepare)
+    other = make_cell(store, clock)
+    await other.update(calls.mark(0))
+    await writer.read(0)
+    writing = asyncio.ensure_future(writer.update(calls.mark(1, "mine")))
+    await prepared.wait()  # the writer's change is applied to version 1; its PUT waits
+    await other.update(calls.mark(2, "theirs"))  # version 2, by another node
+    await writer.read(0)  # a reader of the writer's cell brings version 2 in
+    gate.set()
+    await writing
+    final = await stored(store)
+    assert sorted(final.items) == [0, 1, 2], "a version was replaced by a change of an older one"
+    assert calls["mine"] == 2  # applied to version 1, lost its race, applied again to 2
