@@ -60,6 +60,10 @@ FAIR_EMPTY_MS = 1000
 FAIR_SEGMENTS = 2
 
 
+#: A standard walk's pick: (order, segment id, index, due, segment).
+Candidate = tuple[int, str, int, int, SegmentMeta]
+
+
 @dataclass(slots=True)
 class LeasedItem:
     id: str
@@ -243,7 +247,7 @@ class Scheduler:
 
     async def _pick(
         self, q: QueueRuntime, m: Manifest, n: int
-    ) -> tuple[list[tuple[int, str, int, int, SegmentMeta]], int | None]:
+    ) -> tuple[list[Candidate], int | None]:
         """Choose up to n ready items, oldest ready time first.
 
         Returns (sort key, segment id, index, fresh ready time, segment) and the earliest
@@ -256,7 +260,7 @@ class Scheduler:
             return await self._pick_fair(q, n, segments, groups, now, (m.ver, m.nonce))
         backoff = int(self.rt.opts.contention_backoff * 1000)
         horizon = now + int(2000 * self.rt.opts.max_clock_skew)  # fresh items from clocks ahead
-        cands: list[tuple[int, str, int, int, SegmentMeta]] = []
+        cands: list[Candidate] = []
         next_ready: int | None = None
         budget = [self.rt.opts.lease_state_reads]
         for sm in segments:
@@ -290,7 +294,7 @@ class Scheduler:
     async def _pick_fair(
         self, q: QueueRuntime, n: int, order: list[SegmentMeta], groups: Groups, now: int,
         version: tuple[int, str],
-    ) -> tuple[list[tuple[int, str, int, int, SegmentMeta]], int | None]:
+    ) -> tuple[list[Candidate], int | None]:
         """A standard queue whose items name groups: the walk shares a lease out
         among the groups (docs/DESIGN.md, "Fair sharing"), so that one with a deep
         backlog does not hold the others back. Up to n ready candidates of each
@@ -586,9 +590,6 @@ def _busy_groups(states: dict[int, ItemState], layout: list[tuple[str | None, in
                 if soonest is not None and st.s == LEASED:
                     soonest.append(st.t)
     return busy
-
-
-Candidate = tuple[int, str, int, int, SegmentMeta]  # _pick's: (order, segment id, index, due, sm)
 
 
 @dataclass
