@@ -1,5 +1,6 @@
-"""Runs of the ``okq`` command line for the suite, each in a process of its own,
-forked from a process that has already imported what every start imports.
+"""Runs of the ``okq`` command line (and of the AWS CLI) for the suite, each in a
+process of its own, forked from a process that has already imported what every start
+imports.
 
 A start of ``okq`` spends most of its half second of CPU importing aiohttp,
 pydantic, rich and okq's client, and the suite runs the command line a few
@@ -17,12 +18,22 @@ A run whose environment could change how those modules import or how Python
 sets up its streams (``OKQ_PURE``, ``PYTHON*``, ``AIOHTTP_*``, the locale) is
 started as a fresh ``okq`` process instead, and so is every run when
 ``OKQ_TEST_CLI_FORKS=0`` (to check a failure is not the fork server's).
+
+The AWS CLI (``python -m awscli``, the SQS API's tests) spends two thirds of its
+0.6 s of CPU per run importing botocore and awscli: :func:`run` with ``program="aws"``
+forks it the same way from a server of its own that has imported
+``awscli.clidriver`` (nothing else: no session, no service model), and each run
+calls its ``main`` as ``python -m awscli`` does. Importing awscli sets
+``AWS_DATA_PATH`` (to its own data folder, after any given): each run's environment
+gets what the server's imports set, and a run that sets ``AWS_DATA_PATH`` itself
+starts fresh.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -43,20 +54,31 @@ OKQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "okq.cli"]
 #: What every start of the command line imports, and reads no environment when imported.
 PRELOAD = ("aiohttp", "click", "pydantic", "rich.console", "rich.table", "okq.client",
            "okq.wire")
-_IMPORT_ENV = ("OKQ_PURE", "PYTHON", "AIOHTTP_", "LANG", "LC_")
+#: The AWS CLI as ``python -m awscli`` starts it.
+AWS = [sys.executable, "-m", "awscli"]
+#: Per program: the command it stands for, what its server imports, and its entry point.
+PROGRAMS: dict[str, tuple[list[str], tuple[str, ...], str]] = {
+    "okq": (OKQ, PRELOAD, "okq.cli"),
+    "aws": (AWS, ("awscli.clidriver",), "awscli.clidriver"),
+}
+_IMPORT_ENV = ("OKQ_PURE", "PYTHON", "AIOHTTP_", "LANG", "LC_", "AWS_DATA_PATH")
+#: What the fork server's imports set in its environment, set in each run's too.
+_SET_BY_IMPORTS: dict[str, str] = {}
 
-_server: dict[str, Any] = {}
+_servers: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()
 
 
 def run(args: Sequence[str], *, env: Mapping[str, str], input: str | bytes = "",
-        timeout: float = 180, cwd: str | None = None,
-        text: bool = True) -> subprocess.CompletedProcess[Any]:
-    """``subprocess.run([*OKQ, *args], capture_output=True, ...)``, forked."""
+        timeout: float = 180, cwd: str | None = None, text: bool = True,
+        program: str = "okq") -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run([*COMMAND, *args], capture_output=True, ...)``, forked; COMMAND
+    is ``okq``, or ``python -m awscli`` for ``program="aws"``."""
+    command = PROGRAMS[program][0]
     if os.environ.get("OKQ_TEST_CLI_FORKS") == "0" or any(
             k.startswith(_IMPORT_ENV) and env.get(k) != os.environ.get(k)
             for k in {*env, *os.environ}):
-        return subprocess.run([*OKQ, *args], input=input, capture_output=True, text=text,
+        return subprocess.run([*command, *args], input=input, capture_output=True, text=text,
                               timeout=timeout, env=dict(env), cwd=cwd)
     data = input.encode() if isinstance(input, str) else input
     in_r, in_w = os.pipe()
@@ -67,7 +89,7 @@ def run(args: Sequence[str], *, env: Mapping[str, str], input: str | bytes = "",
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)
     try:
-        conn.connect(_socket_path())
+        conn.connect(_socket_path(program))
         socket.send_fds(conn, [len(request).to_bytes(4, "big") + request], [in_r, out_w, err_w])
     finally:
         for fd in (in_r, out_w, err_w):
@@ -93,36 +115,36 @@ def run(args: Sequence[str], *, env: Mapping[str, str], input: str | bytes = "",
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            raise subprocess.TimeoutExpired([*OKQ, *args], timeout) from None
+            raise subprocess.TimeoutExpired([*command, *args], timeout) from None
     for t in threads:
         t.join()
     code = int(status)
     out, err = outs[out_r], outs[err_r]
     if text:
-        return subprocess.CompletedProcess([*OKQ, *args], code, out.decode(), err.decode())
-    return subprocess.CompletedProcess([*OKQ, *args], code, out, err)
+        return subprocess.CompletedProcess([*command, *args], code, out.decode(), err.decode())
+    return subprocess.CompletedProcess([*command, *args], code, out, err)
 
 
-def _socket_path() -> str:
+def _socket_path(program: str) -> str:
     with _lock:
-        proc = _server.get("proc")
+        server = _servers.setdefault(program, {})
+        proc = server.get("proc")
         if proc is None or proc.poll() is not None:
             path = os.path.join(tempfile.mkdtemp(prefix="okq-cli-"), "forks.sock")
-            proc = subprocess.Popen([sys.executable, "-m", "tests.cliforks", path],
+            proc = subprocess.Popen([sys.executable, "-m", "tests.cliforks", path, program],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, cwd=Path(__file__).parent.parent)
             assert proc.stderr is not None
             line = proc.stderr.readline()  # "ready" once it listens
             assert line == b"ready\n", line + proc.stderr.read()
-            _server.update(proc=proc, path=path)
-            if not _server.get("atexit"):
-                atexit.register(_stop)
-                _server["atexit"] = True
-        return str(_server["path"])
+            if not server:
+                atexit.register(_stop, server)
+            server.update(proc=proc, path=path)
+        return str(server["path"])
 
 
-def _stop() -> None:
-    proc = _server.get("proc")
+def _stop(server: dict[str, Any]) -> None:
+    proc = server.get("proc")
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:
@@ -135,9 +157,11 @@ def _stop() -> None:
 # -- the fork server -------------------------------------------------------------------------
 
 
-def _serve(path: str) -> None:
-    for name in PRELOAD:
+def _serve(path: str, program: str) -> None:
+    before = dict(os.environ)
+    for name in PROGRAMS[program][1]:
         __import__(name)
+    _SET_BY_IMPORTS.update((k, v) for k, v in os.environ.items() if before.get(k) != v)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(64)
@@ -159,7 +183,7 @@ def _serve(path: str) -> None:
         sys.stderr.flush()
         if os.fork() == 0:  # the waiter: runs the command in a child and reports its status
             srv.close()
-            _wait(conn, json.loads(msg), fds)
+            _wait(conn, json.loads(msg), fds, program)
         conn.close()
         for fd in fds:
             os.close(fd)
@@ -176,14 +200,14 @@ def _reap(all_: bool = False) -> None:
             return
 
 
-def _wait(conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
+def _wait(conn: socket.socket, req: dict[str, Any], fds: list[int], program: str) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     atexit.unregister(_reap)  # the server's, not its commands
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _child(req, fds)
+        _child(req, fds, program)
     for fd in fds:
         os.close(fd)
     try:
@@ -195,7 +219,7 @@ def _wait(conn: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
         os._exit(0)
 
 
-def _child(req: dict[str, Any], fds: list[int]) -> None:
+def _child(req: dict[str, Any], fds: list[int], program: str) -> None:
     code = 1
     try:
         for target, fd in enumerate(fds):
@@ -203,15 +227,18 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update(req["env"])
+        os.environ.update(_SET_BY_IMPORTS)
         os.chdir(req["cwd"])
-        sys.argv = [str(_SCRIPT), *req["args"]]
-        script = types.ModuleType("__main__")  # as the okq script's (click names the
-        script.__file__ = str(_SCRIPT)          # program by it: "Usage: okq ...")
-        sys.modules["__main__"] = script
-        from okq.cli import main
+        entry = importlib.import_module(PROGRAMS[program][2])
+        if program == "okq":
+            sys.argv = [str(_SCRIPT), *req["args"]]
+            script = types.ModuleType("__main__")  # as the okq script's (click names the
+            script.__file__ = str(_SCRIPT)          # program by it: "Usage: okq ...")
+            sys.modules["__main__"] = script
+        else:  # python -m awscli: its __main__ exits with main()'s return
+            sys.argv = [str(Path(entry.__file__).with_name("__main__.py")), *req["args"]]
         try:
-            main()
-            code = 0
+            code = entry.main() or 0
         except SystemExit as exc:  # as the interpreter exits on one
             if exc.code is None or isinstance(exc.code, int):
                 code = exc.code or 0
@@ -229,4 +256,4 @@ def _child(req: dict[str, Any], fds: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], sys.argv[2])

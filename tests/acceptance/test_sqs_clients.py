@@ -28,6 +28,7 @@ from urllib.parse import quote
 import pytest
 from celery import Celery
 
+from tests import cliforks
 from tests.acceptance import sqs_celery_app
 from tests.acceptance.sqs_celery_app import RECORDS_ENV, VISIBILITY_TIMEOUT, record_times, records
 from tests.sqs_support import ACCESS_KEY, REGION, SECRET_KEY, STORES, sqs_client, sqs_node_on
@@ -82,11 +83,10 @@ def unique(prefix: str) -> str:
 
 
 def aws(sqs: Sqs, *args: str, secret: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``aws sqs ARGS`` from this venv's awscli, pointed at the node."""
-    command = [sys.executable, "-m", "awscli", "sqs", *args,
-               "--endpoint-url", sqs.url, "--output", "json"]
-    return subprocess.run(command, env=sqs.env(secret), capture_output=True, text=True,
-                          timeout=60, check=False)
+    """``aws sqs ARGS`` from this venv's awscli (``python -m awscli``, forked by
+    tests/cliforks.py), pointed at the node."""
+    return cliforks.run(["sqs", *args, "--endpoint-url", sqs.url, "--output", "json"],
+                        env=sqs.env(secret), timeout=60, program="aws")
 
 
 def aws_json(sqs: Sqs, *args: str) -> Any:
