@@ -1348,10 +1348,18 @@ def body_kind(case: HttpCase) -> str:
 @st.composite
 def okq_requests(draw: st.DrawFn) -> HttpCase:
     """A POST to one of the API's endpoints (now and then to a path it does not have),
-    its body in the encoding its Content-Type names (now and then in the other)."""
+    half the time as okq's client sends it (its headers, a valid body), else with any
+    plausible headers and a body in the encoding its Content-Type names (now and then in
+    the other)."""
     route = draw(st.sampled_from(ROUTES))
     path = route.path if draw(st.integers(0, 31)) else "/v1/" + draw(CLIENT_TEXT)
     rng = draw(st.randoms(use_true_random=True))
+    if draw(st.booleans()):  # what okq's client sends: the variations go from there
+        case = HttpCase(path, b"", (("Authorization", f"Bearer {OPERATOR_KEY}"),
+                                    ("Content-Type", rng.choice(["application/msgpack",
+                                                                 "application/json"]))))
+        valid = VALID_BODIES.get(route.path, model_values(route.request))
+        return replace(case, body=draw(valid.map(lambda body: encode_as(body, body_kind(case)))))
     case = HttpCase(path, b"", ())
     for name in ("Content-Type", "Accept", "Authorization", "X-Okq-Namespace"):
         case = case.with_header(name, r_okq_header(name, rng))
