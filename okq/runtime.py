@@ -106,6 +106,10 @@ class QueueRuntime:
         self.wake = asyncio.Event()
         self.leases: dict[str, Cell[LeaseObject]] = {}
         self.summaries: dict[str, tuple[bytes | None, Any]] = {}
+        # Segments every item of which a lease walk here found done or dead-lettered
+        # (terminal states): the standard walk passes over them without a look
+        # until a compactor drops them from the manifest.
+        self.finished: set[str] = set()
         self.seen_ver = -1
         self.seen_segments: list[SegmentMeta] = []  # the list of that version
         self.waiters = 0  # long polls of this process waiting for the queue's items

@@ -263,11 +263,14 @@ class Scheduler:
         cands: list[Candidate] = []
         next_ready: int | None = None
         budget = [self.rt.opts.lease_state_reads]
+        finished = q.finished
         for sm in segments:
             if len(cands) >= n:
                 cands.sort()
                 if cands[n - 1][0] <= sm.first_ready_ms:
                     break  # every item further on becomes ready later than these
+            if sm.id in finished:
+                continue
             cell = self.rt.lease_cell(q, sm.id)
             try:
                 summary = await self._summary(q, sm, cell, now, budget)
@@ -455,6 +458,8 @@ class Scheduler:
                            *((cached[1].layout, cached[1].groups) if cached is not None
                              else (None, None)))
         q.summaries[sm.id] = (cell.data, summary)
+        if not summary.ready and not summary.inflight and _all_finished(obj, sm.count):
+            q.finished.add(sm.id)
         return summary
 
     async def _lease_in(
@@ -523,6 +528,15 @@ def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg
     return out
 
 
+def _all_finished(obj: LeaseObject, count: int) -> bool:
+    """Whether every one of the segment's ``count`` items is done or dead-lettered:
+    terminal states, so no later version of its lease object can make one leasable.
+    (A sealed object's summary is empty too, but its items are not all finished.)"""
+    states = obj.items
+    return not obj.sealed and all(
+        (st := states.get(idx)) is not None and st.s in tr.FINISHED for idx in range(count))
+
+
 def _forget_dropped(q: QueueRuntime, m: Manifest) -> None:
     """Forget the lease cells and summaries of segments the manifest dropped."""
     if q.seen_ver == m.ver:
@@ -534,6 +548,7 @@ def _forget_dropped(q: QueueRuntime, m: Manifest) -> None:
         for sid in [sid for sid in q.leases if sid not in live]:
             q.leases.pop(sid)
             q.summaries.pop(sid, None)
+        q.finished &= live
     q.seen_ver, q.seen_segments = m.ver, list(m.segments)
 
 

@@ -53,6 +53,28 @@ async def test_produce_lease_complete(engine: Engine) -> None:
     assert (s.available, s.in_flight, s.completed) == (0, 1, 2)
 
 
+async def test_a_walk_passes_over_segments_whose_items_are_all_finished(
+        engine: Engine) -> None:
+    for batch in ([b"a1", b"a2"], [b"b1", b"b2"], [b"c1", b"c2"]):
+        await engine.produce("q", batch)  # one segment each
+    q = engine.runtime.queue("q")
+    seg_a, seg_b, seg_c = [sm.id for sm in (await engine.runtime.manifest(q, 0)).segments]
+    by_payload = {i.payload: i.token for i in await engine.lease("q", 6)}
+    await engine.complete([by_payload[p] for p in (b"a1", b"a2", b"b2", b"c2")])
+    await engine.retry(by_payload[b"b1"], dead=True)  # dead-lettered: finished too
+    await engine.retry(by_payload[b"c1"])  # waiting: leasable again
+    again = await engine.lease("q", 6)
+    assert [i.payload for i in again] == [b"c1"]
+    assert q.finished == {seg_a, seg_b}
+    # Passed over unread: the walk no longer looks at their lease objects.
+    q.leases.pop(seg_a)
+    q.summaries.pop(seg_a)
+    await engine.complete([again[0].token])
+    assert await engine.lease("q", 6) == []
+    assert seg_a not in q.leases
+    assert q.finished == {seg_a, seg_b, seg_c}
+
+
 async def test_group_commit_one_segment_one_cas(store: Store, clock: ManualClock) -> None:
     counting = CountingStore(store)
     e = make_engine(counting, clock, linger=0.05)
