@@ -17,29 +17,33 @@ What runs where: on this VM class a hand-off to a thread and back costs about
 200 us of CPU, and every system call a thread makes while the event loop runs
 is a fight for the GIL, so the work that only touches the page cache runs on
 the event loop (the lock, the CAS check, writing the temporary file, reading
-and hashing an object up to ``INLINE_BYTES``), and one hand-off per write
-carries only what waits for the disk: the fsyncs and the rename between them.
-The lock is taken without blocking; when another process or write holds it,
-the wait moves to a thread. The thread that commits a write also releases its
-lock, so a cancelled caller can never let another writer in before its rename.
-Listing, and reading larger objects, run in the default thread pool.
+and hashing an object up to ``INLINE_BYTES``), and what waits for the disk (the
+fsyncs and the rename between them) goes to one commit thread, which commits in
+groups: it takes every write and delete waiting, fsyncs each temporary file and
+renames it, fsyncs each folder once for all the group's changes in it, releases
+their locks, and wakes each event loop once for the group. A write is
+acknowledged only after its group's folder fsync, as before: a group shares
+fsyncs and wake-ups, never durability. The lock is taken without blocking; when
+another process or write holds it, the wait moves to a thread. The commit thread
+also releases each write's lock, so a cancelled caller can never let another
+writer in before its rename. Listing, and reading larger objects, run in the
+default thread pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
-import functools
 import hashlib
 import os
+import queue
 import stat
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
 from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
@@ -57,12 +61,8 @@ INLINE_BYTES = 256 * 1024
 #: a parent that is an object ("a" when reading "a/b"), or a directory that only
 #: holds deeper keys ("a" when "a/b" exists).
 _ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
-
-
-#: The threads that finish writes. Never the default pool: waits for another
-#: process's lock run there, and a write holding a lock must always be able to
-#: finish and release it.
-_COMMITS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="okq-file-commit")
+#: The most writes and deletes one commit group takes.
+GROUP_MAX = 64
 
 
 @dataclass
@@ -259,7 +259,7 @@ class FileStore:
         except BaseException:
             held.release()
             raise
-        await _hand_off(held, f"writing {key!r}", key, _commit, tmp, fd, path)
+        await _hand_off(held, f"writing {key!r}", key, _Job(path.parent, held.fd, tmp, fd, path))
         return etag_of(data)
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
@@ -278,7 +278,7 @@ class FileStore:
         except BaseException:
             held.release()
             raise
-        await _hand_off(held, f"deleting {key!r}", key, _sync_dir, path.parent)
+        await _hand_off(held, f"deleting {key!r}", key, _Job(path.parent, held.fd))
 
     async def list(
         self, prefix: str, *, start_after: str | None = None, limit: int = 1000
@@ -308,14 +308,15 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-async def _hand_off(held: _Held, what: str, key: str, finish: Callable[..., None],
-                    *args: Any) -> None:
-    """``finish(*args, lock_fd)`` in a commit thread, which releases the flock; this
-    store's asyncio lock is released when it is done. Shielded: a cancelled caller
-    must not mark it done (and let the next write in) while the thread renames."""
+async def _hand_off(held: _Held, what: str, key: str, job: _Job) -> None:
+    """``job`` to the commit thread, which releases the flock; this store's asyncio
+    lock is released when it is done. Shielded: a cancelled caller must not mark it
+    done (and let the next write in) while the thread renames."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    job.loop, job.done = loop, done
     try:
-        done = asyncio.get_running_loop().run_in_executor(
-            _COMMITS, functools.partial(finish, *args, held.fd))
+        _COMMITTER.submit(job)
     except BaseException:
         held.release()
         raise
@@ -324,6 +325,105 @@ async def _hand_off(held: _Held, what: str, key: str, finish: Callable[..., None
         await asyncio.shield(done)
     except OSError as exc:
         raise StorageError(f"{what}: {exc}", key=key) from exc
+
+
+@dataclass(slots=True)
+class _Job:
+    """What waits for the disk after a write or delete of an object in ``folder``
+    has taken its lock (the flock's fd ``lock``): for a write, its temporary file
+    ``tmp`` (open as ``fd``) to fsync and rename over ``target``; then the folder's
+    fsync, and the lock released. ``done`` settles on ``loop`` when it is over."""
+
+    folder: Path
+    lock: int
+    tmp: Path | None = None
+    fd: int = -1
+    target: Path | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    done: asyncio.Future[None] | None = None
+
+
+class _Committer:
+    """The thread that finishes the writes and deletes of every file store in the
+    process, in groups (see the module docstring). Never the default pool: waits
+    for another process's lock run there, and a write holding a lock must always
+    be able to finish and release it. Started on first use, and again in a forked
+    child (a thread does not survive a fork)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._pid = -1
+        self._starting = threading.Lock()
+
+    def submit(self, job: _Job) -> None:
+        if self._pid != os.getpid():
+            with self._starting:
+                if self._pid != os.getpid():
+                    self._jobs = queue.SimpleQueue()
+                    threading.Thread(target=self._run, args=(self._jobs,), daemon=True,
+                                     name="okq-file-commit").start()
+                    self._pid = os.getpid()
+        self._jobs.put(job)
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue[_Job]) -> None:
+        while True:
+            group = [jobs.get()]
+            while len(group) < GROUP_MAX:
+                try:
+                    group.append(jobs.get_nowait())
+                except queue.Empty:
+                    break
+            _commit_group(group)
+
+
+_COMMITTER = _Committer()
+
+
+def _commit_group(group: list[_Job]) -> None:
+    """Each write's temporary file fsynced and renamed; each folder fsynced once,
+    after every rename and unlink in it; every lock released, whatever happened;
+    then each job's outcome settled on its loop, one wake-up per loop."""
+    failed: dict[int, BaseException] = {}
+    folders: dict[Path, list[int]] = {}
+    for n, job in enumerate(group):
+        if job.tmp is not None and job.target is not None:
+            try:
+                _rename_temporary(job.tmp, job.fd, job.target)
+            except Exception as exc:
+                failed[n] = exc
+                continue
+        folders.setdefault(job.folder, []).append(n)
+    for folder, members in folders.items():
+        try:
+            _fsync_dir(folder)
+        except Exception as exc:
+            for n in members:
+                failed[n] = exc
+    outcomes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None],
+                                                         BaseException | None]]] = {}
+    for n, job in enumerate(group):
+        try:
+            os.close(job.lock)
+        except OSError:
+            pass
+        if job.loop is not None and job.done is not None:
+            outcomes.setdefault(job.loop, []).append((job.done, failed.get(n)))
+    for loop, settled in outcomes.items():
+        try:
+            loop.call_soon_threadsafe(_settle, settled)
+        except RuntimeError:
+            pass  # that loop is closed: nothing waits for these any more
+
+
+def _settle(settled: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    for done, exc in settled:
+        if done.done():
+            continue
+        if exc is None:
+            done.set_result(None)
+        else:
+            done.set_exception(exc)
 
 
 def _read_fd(fd: int) -> bytes:
@@ -353,29 +453,18 @@ def _write_temporary(path: Path, data: bytes) -> tuple[Path, int]:
     return tmp, fd
 
 
-def _commit(tmp: Path, fd: int, path: Path, lock: int) -> None:
-    """The disk half of a write, in a thread: the temporary file fsynced and
-    closed, renamed over ``path``, the folder fsynced; then the key's lock
-    released, whatever happened."""
+def _rename_temporary(tmp: Path, fd: int, target: Path) -> None:
+    """The temporary file fsynced and closed, then renamed over ``target`` (the
+    folder's fsync comes after, for the whole group)."""
     try:
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
-        os.close(lock)
         raise
-    _sync_dir(path.parent, lock)
-
-
-def _sync_dir(folder: Path, lock: int) -> None:
-    """The folder fsynced, then the key's lock released."""
-    try:
-        _fsync_dir(folder)
-    finally:
-        os.close(lock)
 
 
 def _fsync_dir(path: Path) -> None:
