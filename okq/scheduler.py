@@ -329,6 +329,8 @@ class Scheduler:
             if fair.by_group and (looked >= FAIR_SCAN or useful >= FAIR_READS
                                   or len(fair.unshared) >= n):
                 break
+            if sm.id in q.finished:
+                continue  # nothing ready, nothing in flight
             cell = self.rt.lease_cell(q, sm.id)
             try:
                 summary = await self._summary(q, sm, cell, now, budget)
@@ -371,6 +373,8 @@ class Scheduler:
         soonest: list[int] = []
         budget = [self.rt.opts.lease_state_reads]
         for sm in _seq_order(m):
+            if sm.id in q.finished:
+                continue  # every item done or dead-lettered: blocks no group, offers none
             cell = self.rt.lease_cell(q, sm.id)
             try:
                 summary = await self._summary(q, sm, cell, now, budget)

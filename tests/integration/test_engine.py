@@ -21,6 +21,7 @@ from okq.errors import (
     QueueNotFound,
     TooLarge,
 )
+from okq.model import with_group
 from okq.store import CountingStore, Store
 from tests.engines import CHUNK, make_engine
 from tests.stores import ALL_STORES, S3_STORES
@@ -53,24 +54,32 @@ async def test_produce_lease_complete(engine: Engine) -> None:
     assert (s.available, s.in_flight, s.completed) == (0, 1, 2)
 
 
+@pytest.mark.parametrize("walk", ["standard", "fair", "ordered"])
 async def test_a_walk_passes_over_segments_whose_items_are_all_finished(
-        engine: Engine) -> None:
-    for batch in ([b"a1", b"a2"], [b"b1", b"b2"], [b"c1", b"c2"]):
-        await engine.produce("q", batch)  # one segment each
-    q = engine.runtime.queue("q")
+        engine: Engine, clock: ManualClock, walk: str) -> None:
+    name = "q" if walk == "standard" else walk
+    if walk != "standard":  # items with groups: a fair walk, or a fifo queue's ordered one
+        await engine.create_queue(name, QueueConfig(fifo=walk == "ordered", dead_queue="dlq"))
+    for batch in ("a", "b", "c"):  # one segment each, and one group each
+        group = None if walk == "standard" else f"g{batch}"
+        await engine.produce(name, [NewItem(f"{batch}{n}".encode(), meta=with_group(None, group))
+                                    for n in (1, 2)])
+    q = engine.runtime.queue(name)
     seg_a, seg_b, seg_c = [sm.id for sm in (await engine.runtime.manifest(q, 0)).segments]
-    by_payload = {i.payload: i.token for i in await engine.lease("q", 6)}
+    by_payload = {i.payload: i.token for i in await engine.lease(name, 6)}
+    assert len(by_payload) == 6
     await engine.complete([by_payload[p] for p in (b"a1", b"a2", b"b2", b"c2")])
     await engine.retry(by_payload[b"b1"], dead=True)  # dead-lettered: finished too
     await engine.retry(by_payload[b"c1"])  # waiting: leasable again
-    again = await engine.lease("q", 6)
+    again = await engine.lease(name, 6)
     assert [i.payload for i in again] == [b"c1"]
     assert q.finished == {seg_a, seg_b}
     # Passed over unread: the walk no longer looks at their lease objects.
     q.leases.pop(seg_a)
     q.summaries.pop(seg_a)
     await engine.complete([again[0].token])
-    assert await engine.lease("q", 6) == []
+    clock.advance(2)  # past FAIR_EMPTY_MS: a fair walk goes to the end again
+    assert await engine.lease(name, 6) == []
     assert seg_a not in q.leases
     assert q.finished == {seg_a, seg_b, seg_c}
 
