@@ -366,7 +366,11 @@ class Client:
 
     async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
                     dead: bool = False, error: str | None = None,
-                    count_attempt: bool = True) -> None:
+                    count_attempt: bool = True) -> bool:
+        """Release a leased item: ready again at ``retry_at`` (now by default), or
+        dead-lettered with ``dead``. True when it was dead-lettered (``dead``, or out
+        of attempts): moved to the dead-letter queue, or dropped when the queue has
+        none."""
         item: dict[str, Any] = {"token": token, "dead": dead}
         if not count_attempt:
             item["count_attempt"] = False
@@ -374,7 +378,9 @@ class Client:
             item["retry_at"] = retry_at.isoformat()
         if error is not None:
             item["error"] = error[:4096]
-        await self.call("queue.retry", {"queue_name": queue, "items": [item]}, s.RetryResponse)
+        reply = await self.call("queue.retry", {"queue_name": queue, "items": [item]},
+                                s.RetryResponse)
+        return reply.dead_lettered > 0
 
     async def stats(self, queue: str) -> s.StatsResponse:
         return await self.call("queue.stats", {"queue_name": queue}, s.StatsResponse)

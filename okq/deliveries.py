@@ -171,9 +171,11 @@ class Deliveries:
         queue: str | None = None,
         field_name: str = "token",
         count_attempt: bool = True,
-    ) -> None:
+    ) -> bool:
         """Release a delivery: ready again at ``retry_at`` (now by default), at the
-        back of the line; or dead-lettered when ``dead`` or out of attempts."""
+        back of the line; or dead-lettered when ``dead`` or out of attempts. True when
+        it was dead-lettered (moved to the dead-letter queue, or dropped when the
+        queue has none)."""
         d, q = self.delivery(token, field_name, queue)
         check_time_ms(retry_at_ms, "retry_at")
         err = error[:4096] if error else None
@@ -201,6 +203,7 @@ class Deliveries:
             sm = await self.rt.segment_meta(q, d.segment)
             await self.finishers.help_dead(q, sm, d.index, cfg if fresh else None)
         self.rt.wake(q)
+        return to_dead
 
 
 def _completions(ds: list[Delivery]) -> Callable[[LeaseObject, int], object]:

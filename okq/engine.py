@@ -193,11 +193,12 @@ class Engine:
 
     async def retry(self, token: str, *, retry_at_ms: int | None = None, dead: bool = False,
                     error: str | None = None, queue: str | None = None,
-                    field_name: str = "token", count_attempt: bool = True) -> None:
-        """Release a delivery: ready again at ``retry_at``, or dead-lettered."""
-        await self.deliveries.retry(token, retry_at_ms=retry_at_ms, dead=dead, error=error,
-                                    queue=queue, field_name=field_name,
-                                    count_attempt=count_attempt)
+                    field_name: str = "token", count_attempt: bool = True) -> bool:
+        """Release a delivery: ready again at ``retry_at``, or dead-lettered (True:
+        dead-lettered, by ``dead`` or for being out of attempts)."""
+        return await self.deliveries.retry(token, retry_at_ms=retry_at_ms, dead=dead,
+                                           error=error, queue=queue, field_name=field_name,
+                                           count_attempt=count_attempt)
 
     async def complete_and_produce(self, token: str, out_queue: str,
                                    items: Sequence[NewItem | bytes], *,

@@ -96,11 +96,12 @@ class Local:
         outcome = ops.RetryOutcome(total=len(op.retries))
         for n, r in enumerate(op.retries):
             try:
-                await self.engine.retry(r.token, retry_at_ms=r.retry_at_ms, dead=r.dead,
-                                        error=r.error, queue=op.queue,
-                                        field_name=f"items[{n}].token",
-                                        count_attempt=r.count_attempt)
+                dead = await self.engine.retry(r.token, retry_at_ms=r.retry_at_ms,
+                                               dead=r.dead, error=r.error, queue=op.queue,
+                                               field_name=f"items[{n}].token",
+                                               count_attempt=r.count_attempt)
                 outcome.retried += 1
+                outcome.dead_lettered += dead
             except LeaseLost as exc:
                 state = exc.details.get("state")
                 outcome.failed.append({"index": n, "reason": exc.message,

@@ -44,6 +44,8 @@ class RetryOutcome:
     total: int
     retried: int = 0
     failed: list[dict[str, Any]] = field(default_factory=list)  # {"index", "reason"}
+    # Of those retried, how many were dead-lettered (``dead``, or out of attempts).
+    dead_lettered: int = 0
 
     def raise_if_failed(self) -> None:
         """LeaseLost naming the refused items, when any was refused."""

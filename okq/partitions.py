@@ -542,6 +542,7 @@ class Spread:
         outcome = ops.RetryOutcome(total=len(op.retries))
         for (_, where), got in zip(parts, results, strict=True):
             outcome.retried += got.retried
+            outcome.dead_lettered += got.dead_lettered
             outcome.failed += [{**f, "index": where[f["index"]]} for f in got.failed]
         outcome.failed.sort(key=lambda f: int(f["index"]))
         return outcome

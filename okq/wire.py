@@ -359,6 +359,9 @@ class RetryRequest(Body):
 class RetryResponse(Reply):
     queue_name: str
     retried: int
+    dead_lettered: int = Field(0, description="of those retried, how many were dead-lettered "
+                               "(retried with dead, or out of attempts): moved to the "
+                               "dead-letter queue, or dropped when the queue has none")
 
 
 class QueueRequest(Body):

@@ -440,13 +440,14 @@ class Worker:
     async def _retry(self, item: LeasedItemOut, error: str) -> None:
         retry_at = backoff_until(item.attempts, self.backoff_base, self.backoff_max)
         try:
-            await self.client.retry(self.queue, item.token, retry_at=retry_at, error=error)
+            dead = await self.client.retry(self.queue, item.token, retry_at=retry_at,
+                                           error=error)
         except LeaseLost:
             return  # it comes back anyway
         except OkqError as exc:
             self._error("retrying", item, exc)
             return
-        if self.max_attempts and item.attempts >= self.max_attempts:
+        if dead:
             self.stats.dead += 1  # the queue dead-lettered it: out of attempts
         else:
             self.stats.retried += 1

@@ -60,9 +60,10 @@ class Queues(Protocol):
 
     async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
                     dead: bool = False, error: str | None = None,
-                    count_attempt: bool = True) -> None:
+                    count_attempt: bool = True) -> bool:
         """Release a delivery: ready again at ``retry_at`` (now by default), or
-        dead-lettered; ``count_attempt=False`` gives it back without spending a try."""
+        dead-lettered; ``count_attempt=False`` gives it back without spending a try.
+        True when it was dead-lettered (``dead``, or out of attempts)."""
 
     async def queue_info(self, name: str) -> QueueSettings:
         """The queue's settings."""
@@ -105,13 +106,14 @@ class EngineQueues:
 
     async def retry(self, queue: str, token: str, *, retry_at: datetime | None = None,
                     dead: bool = False, error: str | None = None,
-                    count_attempt: bool = True) -> None:
+                    count_attempt: bool = True) -> bool:
         from okq.ops import Retry
 
         at_ms = None if retry_at is None else int(retry_at.timestamp() * 1000)
         outcome = await self.service.retry(queue, [Retry(token, at_ms, dead, error,
                                                          count_attempt)])
         outcome.raise_if_failed()
+        return outcome.dead_lettered > 0
 
     async def queue_info(self, name: str) -> QueueConfig:
         return (await self.service.queue(name)).config

@@ -211,9 +211,11 @@ async def complete(ctx: Ctx, c: Client, queue: str, tokens: tuple[str, ...]) -> 
 async def retry(ctx: Ctx, c: Client, queue: str, token: str, at: str | None, dead: bool,
                 error: str | None) -> None:
     """Release a leased item for a retry (or to the dead-letter queue)."""
-    await c.retry(queue, token, retry_at=when(at, "--at"), dead=dead, error=error)
-    emit(ctx, {"queue_name": queue, "retried": 1},
-         lambda: out.print("moved to the dead-letter queue" if dead else "released"))
+    moved = await c.retry(queue, token, retry_at=when(at, "--at"), dead=dead, error=error)
+    said = ("moved to the dead-letter queue" if dead else "dead-lettered: out of attempts") \
+        if moved else "released"
+    emit(ctx, {"queue_name": queue, "retried": 1, "dead_lettered": int(moved)},
+         lambda: out.print(said))
 
 
 async def browse(c: Client, queue: str, limit: int | None) -> list[s.ItemOut]:

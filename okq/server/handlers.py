@@ -239,7 +239,8 @@ async def retry(request: web.Request) -> web.Response:
                      count_attempt=i.count_attempt) for i in body.items]
     outcome = await run(request, ops.RetryItems(body.queue_name, retries))
     outcome.raise_if_failed()
-    return respond(request, s.RetryResponse(queue_name=body.queue_name, retried=outcome.retried))
+    return respond(request, s.RetryResponse(queue_name=body.queue_name, retried=outcome.retried,
+                                            dead_lettered=outcome.dead_lettered))
 
 
 # -- queues and views -------------------------------------------------------------

@@ -101,8 +101,9 @@ def test_a_redriven_dead_letter_is_not_counted_as_completed(node: Node) -> None:
     ok(node, "queues.create", {"name": "rd-jobs", "max_attempts": 1, "dead_queue": "rd-dlq"})
     ok(node, "queue.produce", {"queue_name": "rd-jobs", "items": [{"utf8": "x"}, {"utf8": "y"}]})
     leased = ok(node, "queue.lease", {"queue_name": "rd-jobs", "batch_size": 2})["items"]
-    ok(node, "queue.retry", {"queue_name": "rd-jobs",
-                             "items": [{"token": i["token"], "error": "no"} for i in leased]})
+    assert ok(node, "queue.retry", {"queue_name": "rd-jobs", "items": [
+        {"token": i["token"], "error": "no"} for i in leased]}) == {
+        "queue_name": "rd-jobs", "retried": 2, "dead_lettered": 2}  # out of attempts
     assert ok(node, "queue.stats", {"queue_name": "rd-jobs"})["dead"] == 2
 
     assert ok(node, "dead.redrive", {"queue_name": "rd-dlq"}) == {"queue_name": "rd-dlq",
@@ -121,3 +122,19 @@ def test_a_redriven_dead_letter_is_not_counted_as_completed(node: Node) -> None:
     [one] = ok(node, "queue.lease", {"queue_name": "rd-dlq"})["items"]
     ok(node, "queue.complete", {"queue_name": "rd-dlq", "tokens": [one["token"]]})
     assert ok(node, "queue.stats", {"queue_name": "rd-dlq"})["completed"] == 1
+
+
+def test_a_retry_says_how_many_it_dead_lettered(node: Node) -> None:
+    ok(node, "queues.create", {"name": "rc-dlq"})
+    ok(node, "queues.create", {"name": "rc-jobs", "max_attempts": 5, "dead_queue": "rc-dlq"})
+    ok(node, "queue.produce", {"queue_name": "rc-jobs",
+                               "items": [{"utf8": "a"}, {"utf8": "b"}, {"utf8": "c"}]})
+    a, b, c = ok(node, "queue.lease", {"queue_name": "rc-jobs", "batch_size": 3})["items"]
+    assert ok(node, "queue.retry", {"queue_name": "rc-jobs", "items": [
+        {"token": a["token"]}, {"token": b["token"], "dead": True}]}) == {
+        "queue_name": "rc-jobs", "retried": 2, "dead_lettered": 1}
+    status, reply = call(node, "queue.retry", {"queue_name": "rc-jobs", "items": [
+        {"token": c["token"], "dead": True}, {"token": a["token"]}]})  # a's lease is over
+    assert (status, reply["code"]) == (409, "lease_lost")
+    assert [f["index"] for f in reply["details"]["failed"]] == [1]
+    assert ok(node, "queue.stats", {"queue_name": "rc-jobs"})["dead"] == 2

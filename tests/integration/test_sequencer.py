@@ -137,7 +137,7 @@ async def test_changes_sent_to_any_node_are_written_by_the_holder(start_node: St
         assert sorted(i.bytes for i in leased) == [b"first", b"x", b"y", b"z"]
         await ca.renew("jobs", leased[0].token, lease_timeout=60)
         await ca.complete("jobs", [leased[0].token, leased[1].token])
-        await ca.retry("jobs", leased[2].token)
+        assert await ca.retry("jobs", leased[2].token) is False  # released, not dead
         assert puts(a) == before, "a forwarded every change: it wrote nothing itself"
         assert a.seq.forwards["ok"] >= 5
         again = await cb.lease("jobs", 4)
@@ -159,6 +159,18 @@ async def test_a_forwarded_produce_says_how_many_items_were_duplicates(
         assert a.seq.forwards["ok"] >= 2 and puts(a) == before
     assert first.duplicates == 0
     assert again.duplicates == 3 and again.ids[:2] == first.ids and again.ids[2] == again.ids[3]
+
+
+async def test_a_forwarded_retry_says_it_dead_lettered(start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("last", max_attempts=1)
+        await cb.produce("last", [b"once"])  # b holds the role; a forwards to it
+        before = puts(a)
+        [item] = await ca.lease("last", 1)
+        assert await ca.retry("last", item.token) is True  # its only attempt: dead-lettered
+        assert a.seq.forwards["ok"] >= 2 and puts(a) == before
+        assert (await cb.stats("last")).dead_lettered == 1  # dropped: no dead queue
 
 
 async def test_errors_keep_their_kind_across_a_forward(start_node: Start) -> None:

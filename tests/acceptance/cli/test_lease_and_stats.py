@@ -133,6 +133,18 @@ def test_retry_later_dead_letter_and_redrive(cli: Cli) -> None:
 # -- stats and items ----------------------------------------------------------------------
 
 
+def test_a_retry_out_of_attempts_says_it_dead_lettered(cli: Cli) -> None:
+    make_queue(cli.url, "oa-dlq")
+    make_queue(cli.url, "oa", "once", "twice", dead_queue="oa-dlq", max_attempts=2)
+    [one] = cli.js("lease", "oa")
+    assert cli.js("retry", "oa", one["token"]) == {"queue_name": "oa", "retried": 1,
+                                                   "dead_lettered": 0}
+    [again] = [i for i in cli.js("lease", "oa", "-n", "2") if i["id"] == one["id"]]
+    assert again["attempts"] == 2  # its last
+    assert cli.ok("retry", "oa", again["token"]).out.strip() == "dead-lettered: out of attempts"
+    assert stats(cli.url, "oa").dead == 1
+
+
 def test_stats_for_several_queues(cli: Cli) -> None:
     make_queue(cli.url, "st-a", "1", "2", "3", lease_timeout=3600)  # still leased when read
     make_queue(cli.url, "st-b", "x")
