@@ -31,8 +31,9 @@ PING_PATH = "/internal/v1/ping"
 #: version 3 carries the operation whole (its own versioned wire form) and a request id;
 #: version 4 brings a produce's result back with how many of its items were duplicates;
 #: version 5 a leased item with its sequence number (ordered delivery);
-#: version 6 a retry's result with how many of its items were dead-lettered.
-FORWARD_VERSION = 6
+#: version 6 a retry's result with how many of its items were dead-lettered;
+#: version 7 a produce's result with each item's sequence number.
+FORWARD_VERSION = 7
 SIGNATURE_HEADER = "X-Okq-Fleet-Signature"
 #: A signed forward older or newer than this (seconds, by the receiver's clock) is refused:
 #: twice the clock bound (two nodes' clocks may be 120 s apart, docs/DESIGN.md "Clocks")

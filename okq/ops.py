@@ -129,12 +129,19 @@ class Produce(Op[list[str]]):
         return cls(str(raw["q"]), items_in(raw["items"]))
 
     def pack_result(self, result: list[str]) -> Any:
-        duplicates = result.duplicates if isinstance(result, Produced) else None
-        return {"ids": list(result), "dup": duplicates}
+        if not isinstance(result, Produced):
+            return {"ids": list(result), "dup": None, "seq": None}
+        sequence = None if result.sequence is None else [
+            None if at is None else list(at) for at in result.sequence]
+        return {"ids": list(result), "dup": result.duplicates, "seq": sequence}
 
     def unpack_result(self, raw: Any) -> list[str]:
         ids = [str(i) for i in raw["ids"]]
-        return ids if raw["dup"] is None else Produced(ids, int(raw["dup"]))
+        if raw["dup"] is None:
+            return ids
+        sequence = None if raw.get("seq") is None else [
+            None if at is None else (int(at[0]), int(at[1])) for at in raw["seq"]]
+        return Produced(ids, int(raw["dup"]), sequence)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ from okq.limits import check_batch
 from okq.local import check_repeats
 from okq.manifest_ops import merged_config
 from okq.model import QueueConfig, group_of
-from okq.publisher import NewItem, Produced
+from okq.publisher import NewItem, Place, Produced
 from okq.scheduler import LeasedItem
 from okq.sequencer import Sequencer
 from okq.views import BrowsedItem, QueueStats
@@ -341,13 +341,17 @@ class Spread:
                 f"published, some not ({failed[0]}); retry it: its idempotency keys keep "
                 "what landed from landing twice", queue=op.queue)
         ids = [""] * len(op.items)
+        sequence: list[Place | None] = [None] * len(op.items)
         duplicates = 0
         for (_, where), got in zip(parts, results, strict=True):
             got = cast(list[str], got)
             for i, item_id in zip(where, got, strict=True):
                 ids[i] = item_id
-            duplicates += got.duplicates if isinstance(got, Produced) else 0
-        return Produced(ids, duplicates)
+            if isinstance(got, Produced):
+                duplicates += got.duplicates
+                for i, place in zip(where, got.sequence or [None] * len(where), strict=True):
+                    sequence[i] = place
+        return Produced(ids, duplicates, sequence)
 
     # -- lease --------------------------------------------------------------------------
     def _wake(self, name: str) -> None:

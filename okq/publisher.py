@@ -29,7 +29,7 @@ from okq.cell import Cell
 from okq.changes import Unchanged
 from okq.clock import MAX_CLOCK_SKEW_MS, Clock
 from okq.errors import CASConflict, ObjectNotFound, PublishAborted, StorageError
-from okq.keys import item_id, lease_key, new_segment_id, segment_key
+from okq.keys import item_id, lease_key, new_segment_id, parse_item_id, segment_key, split_partition
 from okq.manifest_ops import KeysTaken, Publish, PublishWritten, live_key
 from okq.model import Manifest, Segment, SegmentItem, SegmentMeta, encode_segment, groups_of
 from okq.store.base import Store
@@ -43,15 +43,41 @@ class NewItem:
     meta: dict[str, Any] | None = None
 
 
+#: An item's place in its queue: (partition, sequence number in that partition).
+Place = tuple[int, int]
+
+
 class Produced(list[str]):
     """A produce's ids, in the order of its items, and how many of them were already
     there (``duplicates``): items whose idempotency key an earlier item (of an earlier
     produce, or of this one) holds, answered with that item's id and not published
-    again. A list of ids to every caller; ``duplicates`` for those who ask."""
+    again. A list of ids to every caller; ``duplicates`` for those who ask, and
+    ``sequence``, each item's (partition, sequence number in it) as its manifest
+    numbered it (None where not known: a duplicate whose segment a compactor merged
+    away since)."""
 
-    def __init__(self, ids: list[str], duplicates: int) -> None:
+    def __init__(self, ids: list[str], duplicates: int,
+                 sequence: list[Place | None] | None = None) -> None:
         super().__init__(ids)
         self.duplicates = duplicates
+        self._sequence = sequence
+        self._numbers: tuple[int, list[int | None]] | None = None
+
+    @classmethod
+    def numbered(cls, ids: list[str], duplicates: int, partition: int,
+                 numbers: list[int | None]) -> Produced:
+        """A publish's answer: the items' sequence numbers in ``partition``, made
+        into places only when asked for (an SQS FIFO send; most callers never do)."""
+        produced = cls(ids, duplicates)
+        produced._numbers = (partition, numbers)
+        return produced
+
+    @property
+    def sequence(self) -> list[Place | None] | None:
+        if self._sequence is None and self._numbers is not None:
+            partition, numbers = self._numbers
+            self._sequence = [None if n is None else (partition, n) for n in numbers]
+        return self._sequence
 
 
 def _size(items: list[NewItem]) -> int:
@@ -106,14 +132,16 @@ class Publisher:
         return await self._batcher.submit(items)
 
     async def _publish_calls(self, calls: list[list[NewItem]]) -> list[Produced | BaseException]:
-        ids, fresh = await self._publish([i for items in calls for i in items])
+        ids, fresh, seqs = await self._publish([i for items in calls for i in items])
         # Commonly every item is new: then nothing is counted item by item.
         taken = None if len(fresh) == len(ids) else set(range(len(ids))) - set(fresh)
+        partition = split_partition(self.queue)[1]
         out: list[Produced | BaseException] = []
         pos = 0
         for items in calls:
             end = pos + len(items)
-            out.append(Produced(ids[pos:end], sum(pos <= i < end for i in taken) if taken else 0))
+            out.append(Produced.numbered(ids[pos:end], sum(pos <= i < end for i in taken)
+                                         if taken else 0, partition, seqs[pos:end]))
             pos = end
         return out
 
@@ -129,21 +157,34 @@ class Publisher:
             n, items, size = n + 1, items + len(call), size + _size(call)
         return n
 
-    async def _publish(self, items: list[NewItem]) -> tuple[list[str], list[int]]:
-        """The items' ids, and the indexes of those published now (the others were
-        answered by their idempotency keys)."""
+    async def _publish(self, items: list[NewItem]
+                       ) -> tuple[list[str], list[int], list[int | None]]:
+        """The items' ids, the indexes of those published now (the others were
+        answered by their idempotency keys), and each item's sequence number."""
         for _ in range(5):
             manifest = await self._manifest_for(items)
             fresh, ids, twins = _dedupe(items, manifest, self.clock.now_ms())
+            seqs: list[int | None] = [None] * len(items)
+            if len(fresh) < len(items) and manifest is not None:
+                for i, known in enumerate(ids):  # answered by a key: the first's number
+                    if known is not None:
+                        seg, index = parse_item_id(known)
+                        first = _seq_of(manifest, seg)
+                        seqs[i] = None if first is None else first + index
             try:
                 if fresh:
-                    await self._publish_segment(items, fresh, ids)
+                    first = await self._publish_segment(items, fresh, ids)
+                    if first is not None and len(fresh) == len(items):
+                        seqs = list(range(first, first + len(items)))
+                    elif first is not None:
+                        for n, i in enumerate(fresh):
+                            seqs[i] = first + n
             except KeysTaken:
                 self.manifest.forget()
                 continue
-            for dup, first in twins.items():
-                ids[dup] = ids[first]
-            return [i or "" for i in ids], fresh
+            for dup, first_of in twins.items():
+                ids[dup], seqs[dup] = ids[first_of], seqs[first_of]
+            return [i or "" for i in ids], fresh, seqs
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
 
     async def _manifest_for(self, items: list[NewItem]) -> Manifest | None:
@@ -184,8 +225,10 @@ class Publisher:
 
     async def _publish_segment(
         self, items: list[NewItem], fresh: list[int], ids: list[str | None]
-    ) -> None:
-        """Write one segment of the ``fresh`` items and publish it; fills in ``ids``."""
+    ) -> int | None:
+        """Write one segment of the ``fresh`` items and publish it; fills in ``ids``.
+        The sequence number of its first item, as the manifest it landed in numbered
+        it (None if a compactor has merged it away already)."""
         meta = await self.write_segment([items[i] for i in fresh])
         for n, i in enumerate(fresh):
             ids[i] = item_id(meta.id, n)
@@ -207,6 +250,8 @@ class Publisher:
             return result
 
         await self.manifest.update(publish)
+        landed = self.manifest.view()
+        return None if landed is None else _seq_of(landed, meta.id)
 
     async def publish_written(self, meta: SegmentMeta) -> None:
         """Publish a segment written earlier whose publication is already decided
@@ -242,6 +287,17 @@ class Publisher:
 
     async def close(self) -> None:
         await self._batcher.close()
+
+
+def _seq_of(m: Manifest, segment: str) -> int | None:
+    """The sequence number of the first item of a segment listed in ``m`` (looked for
+    from the end: the segments just published are there). Its items follow it in
+    order: the ids looked up here are those a publish gave, never a merged
+    segment's (whose items keep numbers of their own)."""
+    for sm in reversed(m.segments):
+        if sm.id == segment:
+            return sm.seq
+    return None
 
 
 def _dedupe(

@@ -38,7 +38,7 @@ from okq.keys import split_partition
 from okq.leases import left_queue
 from okq.limits import PARTITIONS_MAX
 from okq.model import dead_letter_source, group_of, item_origin, with_group
-from okq.publisher import NewItem
+from okq.publisher import NewItem, Produced
 from okq.scheduler import LeasedItem
 from okq.service import Retry
 from okq.sqs import messages as msg
@@ -95,7 +95,10 @@ class SqsApi(MoveActions):
         item, reply, _ = self._new_item(call, info, params)
         with sqs_errors():
             ids = await call.service.produce(queue, [item])
-        return {**reply, "MessageId": msg.message_id(ids[0])}
+        reply["MessageId"] = msg.message_id(ids[0])
+        if info.config.fifo:
+            _add_sequence_number(reply, ids, 0)
+        return reply
 
     async def do_SendMessageBatch(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         queue = self.queue_of(call, params)
@@ -120,8 +123,10 @@ class SqsApi(MoveActions):
         if items:
             with sqs_errors():
                 ids = await call.service.produce(queue, items)
-            for reply, item_id in zip(replies, ids, strict=True):
+            for n, (reply, item_id) in enumerate(zip(replies, ids, strict=True)):
                 reply["MessageId"] = msg.message_id(item_id)
+                if info.config.fifo:
+                    _add_sequence_number(reply, ids, n)
         return {"Successful": replies, "Failed": failed}
 
     def _new_item(self, call: Call, info: QueueInfo,
@@ -352,5 +357,16 @@ def _sequence_number(item: LeasedItem) -> str | None:
     it; it grows within a message group, whose items share a partition."""
     if item.seq is None:
         return None
-    partition = split_partition(item.queue)[1]
-    return f"{item.seq * PARTITIONS_MAX + partition:020d}"
+    return _sequence_text(split_partition(item.queue)[1], item.seq)
+
+
+def _sequence_text(partition: int, seq: int) -> str:
+    return f"{seq * PARTITIONS_MAX + partition:020d}"
+
+
+def _add_sequence_number(reply: dict[str, Any], ids: list[str], n: int) -> None:
+    """A FIFO send's reply gets the SequenceNumber its message is received with (none
+    when the node does not know it: a duplicate whose segment was merged since)."""
+    place = ids.sequence[n] if isinstance(ids, Produced) and ids.sequence else None
+    if place is not None:
+        reply["SequenceNumber"] = _sequence_text(*place)

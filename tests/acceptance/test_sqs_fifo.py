@@ -79,7 +79,7 @@ def send(client: Client, url: str, body: str, group: str, dedup: str | None = No
     if dedup is not None:
         params["MessageDeduplicationId"] = dedup
     reply = client.send_message(**params)
-    assert "SequenceNumber" not in reply  # numbered when its publish lands (docs/SQS.md)
+    assert SEQUENCE.fullmatch(reply["SequenceNumber"]), reply
     return str(reply["MessageId"])
 
 
@@ -294,7 +294,8 @@ def test_fifo_send_refusals(client: Client, name: Names) -> None:
         {"Id": "two", "MessageBody": "b2", "MessageGroupId": "g", "MessageDeduplicationId": "4"},
     ])
     assert [s["Id"] for s in out["Successful"]] == ["one", "two"]
-    assert all("SequenceNumber" not in s for s in out["Successful"])
+    one, two = (int(s["SequenceNumber"]) for s in out["Successful"])
+    assert one < two  # one group: numbered in order
     failed = {f["Id"]: (f["Code"], f["SenderFault"]) for f in out["Failed"]}
     assert failed == {"nogroup": ("MissingParameter", True),
                       "nodedup": ("InvalidParameterValue", True),
@@ -372,7 +373,7 @@ def test_fifo_one_receive_returns_a_batch_of_a_group_in_order(client: Client,
     """A batch's messages of one group come in one receive, in order; only the
     attributes asked for are returned; released, they come back in order."""
     url = fifo(client, name)
-    client.send_message_batch(QueueUrl=url, Entries=[
+    sent = client.send_message_batch(QueueUrl=url, Entries=[
         {"Id": f"m{i}", "MessageBody": f"m{i}", "MessageGroupId": "g",
          "MessageDeduplicationId": f"d{i}"} for i in range(5)])
     got = receive(client, url, MaxNumberOfMessages=10, AttributeNames=["SequenceNumber"])
@@ -380,6 +381,9 @@ def test_fifo_one_receive_returns_a_batch_of_a_group_in_order(client: Client,
     assert all(set(m["Attributes"]) == {"SequenceNumber"} for m in got)
     seq = [int(m["Attributes"]["SequenceNumber"]) for m in got]
     assert seq == sorted(seq) and len(set(seq)) == 5
+    # what each send answered is what its receive shows
+    assert [m["Attributes"]["SequenceNumber"] for m in got] == [
+        s["SequenceNumber"] for s in sent["Successful"]]
     assert receive(client, url, MaxNumberOfMessages=10) == []
     out = client.change_message_visibility_batch(QueueUrl=url, Entries=[
         {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
@@ -493,8 +497,12 @@ def test_fifo_deduplication_by_id(client: Client, name: Names) -> None:
     MessageId and adds nothing, even with another body, in a batch, or after the
     first was deleted; another id adds a message."""
     url = fifo(client, name)
-    first = send(client, url, "first", "g", "d1")
-    assert send(client, url, "first", "g", "d1") == first
+    sent = client.send_message(QueueUrl=url, MessageBody="first", MessageGroupId="g",
+                               MessageDeduplicationId="d1")
+    first, first_seq = sent["MessageId"], sent["SequenceNumber"]
+    again = client.send_message(QueueUrl=url, MessageBody="first", MessageGroupId="g",
+                                MessageDeduplicationId="d1")  # answered as the first
+    assert (again["MessageId"], again["SequenceNumber"]) == (first, first_seq)
     assert send(client, url, "another body", "g", "d1") == first
     other = send(client, url, "first", "g", "d2")
     assert other != first
@@ -507,6 +515,8 @@ def test_fifo_deduplication_by_id(client: Client, name: Names) -> None:
     assert out["Failed"] == []
     replies = {s["Id"]: s["MessageId"] for s in out["Successful"]}
     assert replies["again"] == first and replies["twice"] == replies["new"]
+    seqs = {s["Id"]: s["SequenceNumber"] for s in out["Successful"]}
+    assert seqs["again"] == first_seq and seqs["twice"] == seqs["new"] > first_seq
     got = drain(client, url, 3)
     assert [(m["Body"], m["MessageId"]) for m in got] == [
         ("first", first), ("first", other), ("third", replies["new"])]

@@ -113,16 +113,18 @@ def test_aws_cli_on_a_fifo_queue(sqs: Sqs) -> None:
                      "DeduplicationScope": "queue", "FifoThroughputLimit": "perQueue"}
 
     sent = []
+    numbered: dict[str, str] = {}  # MessageId -> the SequenceNumber its send answered
     for i in range(2):
         for group in ("g1", "g2"):
             reply = aws_json(sqs, "send-message", "--queue-url", url, "--message-body",
                              f"{group}-{i}", "--message-group-id", group,
                              "--message-deduplication-id", f"{group}-{i}")
-            assert "SequenceNumber" not in reply
             sent.append(reply["MessageId"])
+            numbered[reply["MessageId"]] = reply["SequenceNumber"]
     again = aws_json(sqs, "send-message", "--queue-url", url, "--message-body", "dup",
                      "--message-group-id", "g1", "--message-deduplication-id", "g1-0")
     assert again["MessageId"] == sent[0]
+    assert again["SequenceNumber"] == numbered[sent[0]]
     done = aws(sqs, "send-message", "--queue-url", url, "--message-body", "x",
                "--message-deduplication-id", "x")
     assert done.returncode != 0 and "MissingParameter" in done.stderr, done.stderr
@@ -146,6 +148,7 @@ def test_aws_cli_on_a_fifo_queue(sqs: Sqs) -> None:
     for m in got:
         a = m["Attributes"]
         assert a["MessageDeduplicationId"] == m["Body"]
+        assert a["SequenceNumber"] == numbered[m["MessageId"]]  # as its send answered
         assert len(a["SequenceNumber"]) == 20 and a["SequenceNumber"].isdigit()
         order.setdefault(a["MessageGroupId"], []).append(m["Body"])
         numbers.setdefault(a["MessageGroupId"], []).append(int(a["SequenceNumber"]))

@@ -40,6 +40,7 @@ from okq.fleetwire import (
     sign,
     verify,
 )
+from okq.publisher import NewItem, Produced
 from okq.routing import Route
 from okq.sequencer import RoleRecord, Sequencer, role_key, shard_of
 from okq.server.app import create_app
@@ -159,6 +160,21 @@ async def test_a_forwarded_produce_says_how_many_items_were_duplicates(
         assert a.seq.forwards["ok"] >= 2 and puts(a) == before
     assert first.duplicates == 0
     assert again.duplicates == 3 and again.ids[:2] == first.ids and again.ids[2] == again.ids[3]
+
+
+async def test_a_forwarded_produce_brings_each_items_sequence_number_back(
+        start_node: Start) -> None:
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue("numbered")
+        await cb.produce("numbered", [b"first"])  # b holds the role; a forwards to it
+    service, forwarded = a.app[SERVICE], a.seq.forwards.get("ok", 0)
+    got = await service.produce("numbered", [NewItem(b"x", key="kx"), NewItem(b"y")])
+    again = await service.produce("numbered", [NewItem(b"x again", key="kx")])
+    assert a.seq.forwards["ok"] == forwarded + 2  # both produced on b
+    assert isinstance(got, Produced) and isinstance(again, Produced)
+    assert got.sequence == [(0, 1), (0, 2)]  # "first" is number 0
+    assert again.sequence == [(0, 1)] and list(again) == got[:1]  # answered by its key
 
 
 async def test_a_forwarded_retry_says_it_dead_lettered(start_node: Start) -> None:
