@@ -126,6 +126,17 @@ def puts(node: InProcNode) -> int:
     return node.store.requests.get("put", 0)
 
 
+async def forwarding(start_node: Start, queue: str,
+                     **settings: Any) -> tuple[InProcNode, InProcNode]:
+    """Two nodes and a new queue whose shard the second holds (its first produce went
+    there): the first forwards every change of the queue to it."""
+    a, b = await start_node(), await start_node()
+    async with Client(a.url) as ca, Client(b.url) as cb:
+        await ca.create_queue(queue, **settings)
+        await cb.produce(queue, [b"first"])
+    return a, b
+
+
 async def test_changes_sent_to_any_node_are_written_by_the_holder(start_node: Start) -> None:
     a, b = await start_node(), await start_node()
     async with Client(a.url) as ca, Client(b.url) as cb:
@@ -149,10 +160,8 @@ async def test_changes_sent_to_any_node_are_written_by_the_holder(start_node: St
 
 async def test_a_forwarded_produce_says_how_many_items_were_duplicates(
         start_node: Start) -> None:
-    a, b = await start_node(), await start_node()
-    async with Client(a.url) as ca, Client(b.url) as cb:
-        await ca.create_queue("dups")
-        await cb.produce("dups", [b"first"])  # b holds the role; a forwards to it
+    a, _ = await forwarding(start_node, "dups")
+    async with Client(a.url) as ca:
         before = puts(a)
         items = [s.ProduceItem(utf8=f"item {n}", key=f"k{n}") for n in range(3)]
         first = await ca.produce_reply("dups", items[:2])
@@ -164,10 +173,7 @@ async def test_a_forwarded_produce_says_how_many_items_were_duplicates(
 
 async def test_a_forwarded_produce_brings_each_items_sequence_number_back(
         start_node: Start) -> None:
-    a, b = await start_node(), await start_node()
-    async with Client(a.url) as ca, Client(b.url) as cb:
-        await ca.create_queue("numbered")
-        await cb.produce("numbered", [b"first"])  # b holds the role; a forwards to it
+    a, _ = await forwarding(start_node, "numbered")
     service, forwarded = a.app[SERVICE], a.seq.forwards.get("ok", 0)
     got = await service.produce("numbered", [NewItem(b"x", key="kx"), NewItem(b"y")])
     again = await service.produce("numbered", [NewItem(b"x again", key="kx")])
@@ -178,10 +184,8 @@ async def test_a_forwarded_produce_brings_each_items_sequence_number_back(
 
 
 async def test_a_forwarded_retry_says_it_dead_lettered(start_node: Start) -> None:
-    a, b = await start_node(), await start_node()
+    a, b = await forwarding(start_node, "last", max_attempts=1)
     async with Client(a.url) as ca, Client(b.url) as cb:
-        await ca.create_queue("last", max_attempts=1)
-        await cb.produce("last", [b"once"])  # b holds the role; a forwards to it
         before = puts(a)
         [item] = await ca.lease("last", 1)
         assert await ca.retry("last", item.token) is True  # its only attempt: dead-lettered
