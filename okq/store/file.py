@@ -259,7 +259,7 @@ class FileStore:
         except BaseException:
             held.release()
             raise
-        await _hand_off(held, f"writing {key!r}", key, _Job(path.parent, held.fd, tmp, fd, path))
+        await _hand_off(held, f"writing {key!r}", key, path.parent, (tmp, fd, path))
         return etag_of(data)
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
@@ -278,7 +278,7 @@ class FileStore:
         except BaseException:
             held.release()
             raise
-        await _hand_off(held, f"deleting {key!r}", key, _Job(path.parent, held.fd))
+        await _hand_off(held, f"deleting {key!r}", key, path.parent)
 
     async def list(
         self, prefix: str, *, start_after: str | None = None, limit: int = 1000
@@ -308,15 +308,17 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-async def _hand_off(held: _Held, what: str, key: str, job: _Job) -> None:
-    """``job`` to the commit thread, which releases the flock; this store's asyncio
-    lock is released when it is done. Shielded: a cancelled caller must not mark it
-    done (and let the next write in) while the thread renames."""
+async def _hand_off(held: _Held, what: str, key: str, folder: Path,
+                    write: tuple[Path, int, Path] | None = None) -> None:
+    """What waits for the disk, to the commit thread: a write's ``(temporary file,
+    its fd, target)`` (None for a delete), then ``folder``'s fsync. The thread
+    releases the flock; this store's asyncio lock is released when it is done.
+    Shielded: a cancelled caller must not mark it done (and let the next write in)
+    while the thread renames."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
-    job.loop, job.done = loop, done
     try:
-        _COMMITTER.submit(job)
+        _COMMITTER.submit(_Job(loop, done, folder, held.fd, write))
     except BaseException:
         held.release()
         raise
@@ -330,17 +332,15 @@ async def _hand_off(held: _Held, what: str, key: str, job: _Job) -> None:
 @dataclass(slots=True)
 class _Job:
     """What waits for the disk after a write or delete of an object in ``folder``
-    has taken its lock (the flock's fd ``lock``): for a write, its temporary file
-    ``tmp`` (open as ``fd``) to fsync and rename over ``target``; then the folder's
-    fsync, and the lock released. ``done`` settles on ``loop`` when it is over."""
+    has taken its lock (the flock's fd ``lock``): a write's temporary file (open as
+    fd) to fsync and rename over its target; then the folder's fsync, and the lock
+    released. ``done`` settles on ``loop`` when it is over."""
 
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[None]
     folder: Path
     lock: int
-    tmp: Path | None = None
-    fd: int = -1
-    target: Path | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    done: asyncio.Future[None] | None = None
+    write: tuple[Path, int, Path] | None  # (temporary file, its fd, target)
 
 
 class _Committer:
@@ -387,9 +387,9 @@ def _commit_group(group: list[_Job]) -> None:
     failed: dict[int, BaseException] = {}
     folders: dict[Path, list[int]] = {}
     for n, job in enumerate(group):
-        if job.tmp is not None and job.target is not None:
+        if job.write is not None:
             try:
-                _rename_temporary(job.tmp, job.fd, job.target)
+                _rename_temporary(*job.write)
             except Exception as exc:
                 failed[n] = exc
                 continue
@@ -407,8 +407,7 @@ def _commit_group(group: list[_Job]) -> None:
             os.close(job.lock)
         except OSError:
             pass
-        if job.loop is not None and job.done is not None:
-            outcomes.setdefault(job.loop, []).append((job.done, failed.get(n)))
+        outcomes.setdefault(job.loop, []).append((job.done, failed.get(n)))
     for loop, settled in outcomes.items():
         try:
             loop.call_soon_threadsafe(_settle, settled)
