@@ -94,11 +94,15 @@ def backoff_until(attempts: int, base: float, cap: float) -> datetime:
 
 
 async def keep_renewed(client: Queues, queue: str, item: LeasedItemOut,
-                       lease_timeout: float | None, every: float) -> None:
+                       lease_timeout: float | None, every: float,
+                       first: float | None = None) -> None:
     """Renew a lease every ``every`` seconds (half its lease timeout) until cancelled
-    or the lease is lost; ``lease_timeout`` None renews for the queue's."""
+    or the lease is lost, the first time after ``first`` seconds (``every`` unless
+    given); ``lease_timeout`` None renews for the queue's."""
+    wait = every if first is None else first
     while True:
-        await asyncio.sleep(every)
+        await asyncio.sleep(wait)
+        wait = every
         try:
             await client.renew(queue, item.token, lease_timeout)
         except LeaseLost:
@@ -361,13 +365,22 @@ class Worker:
             raise
 
     async def _work(self, item: LeasedItemOut) -> None:
-        renewer = asyncio.create_task(
-            keep_renewed(self.client, self.queue, item, self.lease_timeout, self.renew_every))
+        # Most handlers end long before the first renewal is due: a timer, cancelled
+        # then, costs a fraction of a renewing task made and cancelled per item.
+        renewing: list[asyncio.Task[None]] = []
+
+        def renew() -> None:
+            renewing.append(asyncio.create_task(keep_renewed(
+                self.client, self.queue, item, self.lease_timeout, self.renew_every, 0.0)))
+
+        timer = asyncio.get_running_loop().call_later(self.renew_every, renew)
         try:
             try:
                 outputs = await self.handler(item)
             finally:
-                renewer.cancel()
+                timer.cancel()
+                for task in renewing:
+                    task.cancel()
         except DeadLetter as exc:
             self.stats.failed += 1
             self.log.warning("handler dead-lettered %s (attempt %d): %s", item.id,

@@ -1,11 +1,13 @@
 """The Worker completes the items that finish together in one call, and a lease lost
-in such a call fails its own item alone."""
+in such a call fails its own item alone; it renews a lease while its handler runs,
+and not after."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,6 +31,7 @@ class Queue:
         self.items = [item(n) for n in range(count)]
         self.lost = lost
         self.completes: list[list[str]] = []
+        self.renewals: list[tuple[str, float]] = []
 
     async def lease(self, queue: str, batch_size: int = 1, *,
                     lease_timeout: float | None = None,
@@ -39,6 +42,7 @@ class Queue:
         return got
 
     async def renew(self, queue: str, token: str, lease_timeout: float | None = None) -> Any:
+        self.renewals.append((token, asyncio.get_running_loop().time()))
         return NOW
 
     async def complete(self, queue: str, tokens: Sequence[str]) -> int:
@@ -86,3 +90,25 @@ async def test_a_lost_lease_fails_its_item_alone() -> None:
     stats = await task
     assert stats.completed == 4  # the two lost leases are not counted
     assert stats.errors == []  # a lost lease is a warning, not an error
+
+
+async def test_a_lease_is_renewed_every_half_timeout_while_its_handler_runs_and_not_after(
+        ) -> None:
+    queue = Queue(2)
+    finished: dict[str, float] = {}
+
+    async def handler(got: LeasedItemOut) -> None:
+        await asyncio.sleep(0.35 if got.token == "t0" else 0.0)  # t1 ends before a renewal
+        finished[got.token] = asyncio.get_running_loop().time()
+
+    began = asyncio.get_running_loop().time()
+    stats = await Worker(queue, "q", handler, concurrency=2, limit=2, lease_timeout=0.2).run()
+    await asyncio.sleep(0.25)  # a renewal still pending would come now
+    assert stats.completed == 2
+    times = [at - began for token, at in queue.renewals if token == "t0"]
+    assert [t for token, t in queue.renewals if token != "t0"] == []
+    # every half lease timeout (0.1 s) from the lease on, while t0's handler runs (a
+    # busy machine may delay them, never bring them early), and none after it ended
+    assert times and times[0] >= 0.09 and all(b - a >= 0.09 for a, b in pairwise(times)), times
+    assert len(times) <= (finished["t0"] - began) / 0.1 + 1, times
+    assert all(at <= finished["t0"] for _, at in queue.renewals)
