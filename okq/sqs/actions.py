@@ -207,18 +207,19 @@ class SqsApi(MoveActions):
             items = await call.service.lease(
                 queue, count, lease_timeout=None if visibility < 0 else visibility,
                 wait=wait)
-        messages = [self._message(call, i, system, wanted) for i in items]
+        fifo = info.config.fifo
+        messages = [self._message(call, i, system, wanted, fifo) for i in items]
         return {"Messages": messages} if messages else {}
 
     def _message(self, call: Call, item: LeasedItem, system: list[str],
-                 wanted: list[str]) -> dict[str, Any]:
+                 wanted: list[str], fifo: bool) -> dict[str, Any]:
         body = item.payload.decode("utf-8", "replace")
         kept = msg.stored(item.meta)
         origin = item_origin(item.meta)  # a moved message keeps its first id
         out: dict[str, Any] = {"MessageId": msg.message_id(origin[0] if origin else item.id),
                                "ReceiptHandle": item.token,
                                "MD5OfBody": msg.md5_of_body(body), "Body": body}
-        attributes = self._system_attributes(call, item, kept, system)
+        attributes = self._system_attributes(call, item, kept, system, fifo)
         if attributes:
             out["Attributes"] = attributes
         chosen = msg.select(msg.message_attributes(item.meta), wanted)
@@ -228,7 +229,7 @@ class SqsApi(MoveActions):
         return out
 
     def _system_attributes(self, call: Call, item: LeasedItem, kept: dict[str, Any],
-                           names: list[str]) -> dict[str, str]:
+                           names: list[str], fifo: bool) -> dict[str, str]:
         if not names:
             return {}
         every = "All" in names
@@ -243,7 +244,7 @@ class SqsApi(MoveActions):
             "AWSTraceHeader": kept.get("trace"),
             "MessageGroupId": kept.get("group") or group_of(item.meta),
             "MessageDeduplicationId": kept.get("dedup"),
-            "SequenceNumber": _sequence_number(item),
+            "SequenceNumber": _sequence_number(item) if fifo else None,  # FIFO queues' only
             "DeadLetterQueueSourceArn": call.names.arn(source) if source else None,
         }
         return {k: str(v) for k, v in known.items()

@@ -542,6 +542,7 @@ def test_visibility_timeout_and_system_attributes(client: Client,
     assert before - 1000 <= int(a1["SentTimestamp"]) <= int(a1["ApproximateFirstReceiveTimestamp"])
     assert int(a1["ApproximateFirstReceiveTimestamp"]) <= int(time.time() * 1000) + 1000
     assert a1["SenderId"]
+    assert "SequenceNumber" not in a1  # a FIFO queue's attribute only, as on SQS
     assert receive(client, url) == []  # invisible for its timeout
     (second,) = receive(client, url, WaitTimeSeconds=5, MessageSystemAttributeNames=["All"])
     a2 = second["Attributes"]
