@@ -26,8 +26,8 @@ from typing import Any, TypeVar, cast
 from okq import ops
 from okq.engine import Engine
 from okq.errors import Overloaded
+from okq.leases import LeasedItem
 from okq.limits import check_wait
-from okq.scheduler import LeasedItem
 
 R = TypeVar("R")
 

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any
 from okq import leases as tr
 from okq.changes import Unchanged
 from okq.errors import (
-    InvalidRequest,
-    InvalidToken,
     LeaseLost,
     OkqError,
 )
@@ -75,19 +73,25 @@ class Deliveries:
     def delivery(
         self, token: str, field_name: str = "token", queue: str | None = None
     ) -> tuple[Delivery, QueueRuntime]:
-        if not isinstance(token, str):
-            raise InvalidRequest(f"{field_name} must be a string", field=field_name)
-        d = self.signer.verify(token, self.rt.ns, field_name)
-        if queue is not None and d.queue != queue:
-            raise InvalidToken(
-                f"{field_name} belongs to queue {d.queue!r}, not {queue!r}", field=field_name
-            )
+        pattern = field_name.replace("{", "{{").replace("}", "}}")
+        d = self.signer.verify_many([token], self.rt.ns, queue, pattern)[0]
         return d, self.rt.queue(d.queue)
+
+    def deliveries(self, tokens: Sequence[str], queue: str | None,
+                   field_pattern: str) -> list[tuple[Delivery, QueueRuntime]]:
+        """What each token names, with its queue: every token verified before any is
+        used (``field_pattern`` has ``{n}``)."""
+        out = []
+        q: QueueRuntime | None = None
+        for d in self.signer.verify_many(tokens, self.rt.ns, queue, field_pattern):
+            if q is None or q.name != d.queue:
+                q = self.rt.queue(d.queue)
+            out.append((d, q))
+        return out
 
     def check_tokens(self, tokens: Sequence[str], queue: str, field_pattern: str) -> None:
         """Verify every token before acting on any (``field_pattern`` has ``{n}``)."""
-        for n, token in enumerate(tokens):
-            self.delivery(token, field_pattern.format(n=n), queue)
+        self.signer.verify_many(tokens, self.rt.ns, queue, field_pattern)
 
     async def renew(
         self, token: str, lease_timeout: float | None = None, *, queue: str | None = None
@@ -124,7 +128,7 @@ class Deliveries:
         """Complete deliveries. Each token is applied on its own; if any lease was
         lost, LeaseLost is raised after the others landed, naming the failures."""
         self.rt.check_batch(len(tokens), "tokens")
-        parsed = [self.delivery(t, f"tokens[{n}]", queue) for n, t in enumerate(tokens)]
+        parsed = self.deliveries(tokens, queue, "tokens[{n}]")
         # One change per lease object: a batch leased together completes in one step.
         groups: dict[tuple[str, str], list[int]] = {}
         for n, (d, q) in enumerate(parsed):

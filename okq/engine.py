@@ -27,12 +27,13 @@ from okq.clock import Clock, SystemClock
 from okq.deliveries import Deliveries
 from okq.finishers import Finishers
 from okq.keys import split_partition
+from okq.leases import LeasedItem
 from okq.model import QueueConfig
 from okq.movetasks import MoveTaskStore
 from okq.publisher import NewItem
 from okq.redrive import Redriver
 from okq.runtime import EngineOptions, Runtime
-from okq.scheduler import LeasedItem, Scheduler
+from okq.scheduler import Scheduler
 from okq.store.base import Store
 from okq.store.selfcheck import check_conditional_writes
 from okq.tokens import TokenSigner, generate_key

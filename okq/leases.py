@@ -10,7 +10,7 @@ not to be mixed, which going through this module ensures. Both write the same
 bytes and behave alike (tests/unit/test_stored_bytes.py and
 tests/unit/test_transitions.py run on each, tests/unit/test_native.py compares
 them), and depend only downward (okq/model.py's format framing,
-okq/changes.py, okq/errors.py).
+okq/changes.py, okq/errors.py, okq/headers.py).
 """
 
 from __future__ import annotations

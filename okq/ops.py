@@ -28,13 +28,13 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from okq.admin import QueueInfo
 from okq.auth import Principal, open_principal
 from okq.errors import InvalidRequest
+from okq.leases import LeasedItem
 from okq.model import MoveTask, QueueConfig
 from okq.opvalues import Outputs as Outputs  # the values operations carry, re-exported
 from okq.opvalues import Retry as Retry
 from okq.opvalues import RetryOutcome as RetryOutcome
 from okq.opvalues import info_in, info_out, items_in, items_out, leased_in, leased_out
 from okq.publisher import NewItem, Produced
-from okq.scheduler import LeasedItem
 from okq.views import BrowsedItem, QueueStats
 
 R = TypeVar("R")

@@ -12,9 +12,9 @@ from typing import Any
 
 from okq.admin import QueueInfo
 from okq.errors import LeaseLost
+from okq.leases import LeasedItem
 from okq.model import QueueConfig
 from okq.publisher import NewItem
-from okq.scheduler import LeasedItem
 
 
 @dataclass(frozen=True)

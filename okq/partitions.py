@@ -67,12 +67,12 @@ from okq.errors import (
     QueueNotFound,
 )
 from okq.keys import PARTITION_SEP, partition_name, split_partition
+from okq.leases import LeasedItem
 from okq.limits import check_batch
 from okq.local import check_repeats
 from okq.manifest_ops import merged_config
 from okq.model import QueueConfig, group_of
 from okq.publisher import NewItem, Place, Produced
-from okq.scheduler import LeasedItem
 from okq.sequencer import Sequencer
 from okq.views import BrowsedItem, QueueStats
 
@@ -433,7 +433,13 @@ class Spread:
     def _partitions(self, queue: str, tokens: Sequence[str]) -> dict[str, list[int]] | None:
         """The entries of ``tokens`` by the partition of ``queue`` each names; None
         when all name the queue itself (or none names a partition of it)."""
-        names = [self._token_queue(t) for t in tokens]
+        names: list[str | None] = []
+        head, name = "", None  # a batch's tokens of one segment share their head
+        for t in tokens:
+            if not (head and isinstance(t, str) and t.startswith(head)):
+                name = self._token_queue(t)
+                head = t.partition(".")[0] + "." if isinstance(t, str) else ""
+            names.append(name)
         prefix = queue + PARTITION_SEP
         if not any(name is not None and name.startswith(prefix) for name in names):
             return None

@@ -29,8 +29,9 @@ from okq.tokens import Delivery
 if TYPE_CHECKING:
     from okq.deliveries import Deliveries
     from okq.finishers import Finishers
+    from okq.leases import LeasedItem
     from okq.runtime import QueueRuntime, Runtime
-    from okq.scheduler import LeasedItem, Scheduler
+    from okq.scheduler import Scheduler
 
 
 #: How long a redrive holds the dead letters it moves (seconds): long enough for

@@ -12,7 +12,7 @@ import bisect
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from okq import leases as tr
 from okq.cell import Cell
@@ -20,11 +20,7 @@ from okq.changes import Unchanged
 from okq.errors import (
     ObjectNotFound,
 )
-from okq.headers import headers_of
-from okq.keys import (
-    item_id,
-)
-from okq.leases import IN_FLIGHT, LEASED, ItemState, LeaseObject, exhausted
+from okq.leases import IN_FLIGHT, LEASED, ItemState, LeasedItem, LeaseObject, exhausted
 from okq.limits import check_lease_timeout, check_wait
 from okq.model import (
     Manifest,
@@ -62,26 +58,6 @@ FAIR_SEGMENTS = 2
 
 #: A standard walk's pick: (order, segment id, index, due, segment).
 Candidate = tuple[int, str, int, int, SegmentMeta]
-
-
-@dataclass(slots=True)
-class LeasedItem:
-    id: str
-    queue: str
-    token: str
-    attempts: int
-    lease_deadline_ms: int
-    payload: bytes
-    produced_ms: int
-    enqueue_at_ms: int | None = None
-    meta: dict[str, Any] | None = None
-    first_leased_ms: int | None = None  # when the item was first leased
-    seq: int | None = None  # its sequence number in its queue (SegmentMeta.seq)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """Its headers (okq/headers.py): those in its meta, and its SQS String attributes."""
-        return headers_of(self.meta)
 
 
 @dataclass
@@ -520,16 +496,7 @@ def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg
                   leased: list[tr.Leased]) -> list[LeasedItem]:
     """What a lease hands out for ``leased`` items of one segment, tokens signed."""
     tokens = signer.sign_many(ns, queue, sm.id, [(x.index, x.v) for x in leased])
-    items = seg.items
-    out = []
-    for x, token in zip(leased, tokens, strict=True):
-        item = items[x.index]
-        # Positional, in the field order: a lease of 100 makes 100 of these.
-        out.append(LeasedItem(item_id(sm.id, x.index), queue, token, x.attempts,
-                              x.deadline_ms, item.payload, item.born_ms or sm.created_ms,
-                              item.enqueue_at_ms, item.meta, x.first_ms,
-                              sm.item_seq(x.index, item)))
-    return out
+    return tr.leased_items(queue, sm, seg.items, leased, tokens)
 
 
 def _all_finished(obj: LeaseObject, count: int) -> bool:

@@ -238,7 +238,7 @@ class LeasedItemOut(Reply):
 
 
 class Leased(Protocol):
-    """What the engine says of a leased item (``okq.scheduler.LeasedItem``)."""
+    """What the engine says of a leased item (``okq.leases.LeasedItem``)."""
 
     id: str
     token: str

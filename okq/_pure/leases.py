@@ -34,14 +34,16 @@ import msgpack
 
 from okq.changes import Unchanged
 from okq.errors import FormatError, LeaseLost, OkqError
-from okq.model import FORMAT_VERSION, unpack_object
+from okq.headers import headers_of
+from okq.model import FORMAT_VERSION, SegmentItem, SegmentMeta, unpack_object
 
 __all__ = [
     "DEAD", "DEAD_PENDING", "DONE", "FINISHED", "GONE_STATES", "HALF_DONE", "IN_FLIGHT", "LEASED",
     "OUTPUTS_PENDING", "READY_STATES", "WAITING", "ItemState", "LeaseObject", "Leased",
-    "SealRefused", "abandon_outputs", "carried", "classify", "complete", "current", "decode_lease",
-    "encode_lease", "exhausted", "expire", "finish_dead", "finish_outputs", "is_available",
-    "is_finished", "is_idle", "lease", "left_queue", "ready_at", "recognise", "renew", "retry",
+    "LeasedItem", "SealRefused", "abandon_outputs", "carried", "classify", "complete", "current",
+    "decode_lease", "encode_lease", "exhausted", "expire", "finish_dead", "finish_outputs",
+    "is_available", "is_finished", "is_idle", "lease", "leased_items", "left_queue", "ready_at",
+    "recognise", "renew", "retry",
     "retry_attempts", "seal", "summarise",
 ]
 
@@ -138,6 +140,57 @@ class Leased:
     def __init__(self, index: int, v: int, attempts: int, deadline_ms: int, first_ms: int) -> None:
         self.index, self.v, self.attempts = index, v, attempts
         self.deadline_ms, self.first_ms = deadline_ms, first_ms
+
+
+@dataclass(slots=True, init=False)  # as ItemState: a lease of 100 makes 100 of these
+class LeasedItem:
+    """One item a lease hands out: what every front end shows of it."""
+
+    id: str
+    queue: str
+    token: str
+    attempts: int
+    lease_deadline_ms: int
+    payload: bytes
+    produced_ms: int
+    enqueue_at_ms: int | None
+    meta: dict[str, Any] | None
+    first_leased_ms: int | None  # when the item was first leased
+    seq: int | None  # its sequence number in its queue (SegmentMeta.seq)
+
+    def __init__(self, id: str, queue: str, token: str, attempts: int,
+                 lease_deadline_ms: int, payload: bytes, produced_ms: int,
+                 enqueue_at_ms: int | None = None, meta: dict[str, Any] | None = None,
+                 first_leased_ms: int | None = None, seq: int | None = None) -> None:
+        self.id, self.queue, self.token, self.attempts = id, queue, token, attempts
+        self.lease_deadline_ms, self.payload, self.produced_ms = \
+            lease_deadline_ms, payload, produced_ms
+        self.enqueue_at_ms, self.meta, self.first_leased_ms, self.seq = \
+            enqueue_at_ms, meta, first_leased_ms, seq
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Its headers (okq/headers.py): those in its meta, and its SQS String attributes."""
+        return headers_of(self.meta)
+
+
+def leased_items(queue: str, sm: SegmentMeta, items: list[SegmentItem], leased: list[Leased],
+                 tokens: list[str]) -> list[LeasedItem]:
+    """What a lease hands out for ``leased`` items of segment ``sm`` (whose items
+    are ``items``), with their ``tokens`` (one each, in order)."""
+    if len(tokens) != len(leased):
+        raise ValueError(f"{len(leased)} items leased, {len(tokens)} tokens")
+    out: list[LeasedItem] = []
+    segment, created = sm.id, sm.created_ms
+    for n, x in enumerate(leased):
+        index = x.index
+        item = items[index]
+        born = item.born_ms
+        out.append(LeasedItem(f"{segment}.{index}",  # okq.keys.item_id, inlined
+                              queue, tokens[n], x.attempts, x.deadline_ms, item.payload,
+                              born if born else created, item.enqueue_at_ms, item.meta,
+                              x.first_ms, sm.item_seq(index, item)))
+    return out
 
 
 class SealRefused(OkqError):

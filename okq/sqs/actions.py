@@ -35,11 +35,10 @@ from typing import Any
 from okq.admin import QueueInfo
 from okq.errors import InvalidRequest, InvalidToken, LeaseLost
 from okq.keys import split_partition
-from okq.leases import left_queue
+from okq.leases import LeasedItem, left_queue
 from okq.limits import PARTITIONS_MAX
 from okq.model import dead_letter_source, group_of, item_origin, with_group
 from okq.publisher import NewItem, Produced
-from okq.scheduler import LeasedItem
 from okq.service import Retry
 from okq.sqs import messages as msg
 from okq.sqs import queues as qa

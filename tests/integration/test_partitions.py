@@ -29,10 +29,10 @@ from okq.errors import (
     QueueNotFound,
 )
 from okq.keys import manifest_key, manifests_prefix, partition_name
+from okq.leases import LeasedItem
 from okq.model import dead_letter_source
 from okq.partitions import key_partition, token_queue
 from okq.pipeline import build
-from okq.scheduler import LeasedItem
 from okq.service import Outputs, QueueService, Retry
 from okq.store import Store
 from okq.store.base import list_all

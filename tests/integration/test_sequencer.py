@@ -220,13 +220,13 @@ async def test_a_forwarded_complete_verifies_each_token_once(
         verified: list[str] = []
         for node in (a, b):
             signer = node.app[ENGINE].signer
-            real = signer.verify
+            real = signer.verify_many
 
-            def counting(token: str, *args: Any, _real: Any = real, **kw: Any) -> Any:
-                verified.append(token)
-                return _real(token, *args, **kw)
+            def counting(tokens: list[str], *args: Any, _real: Any = real, **kw: Any) -> Any:
+                verified.extend(tokens)
+                return _real(tokens, *args, **kw)
 
-            monkeypatch.setattr(signer, "verify", counting)
+            monkeypatch.setattr(signer, "verify_many", counting)
         await cb.complete("jobs", [i.token for i in items])
         assert sorted(verified) == sorted(i.token for i in items)
         assert b.seq.forwards["ok"] >= 2

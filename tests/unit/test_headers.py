@@ -111,7 +111,7 @@ def test_native_headers_are_sqs_string_attributes() -> None:
 
 
 def test_engine_items_show_headers() -> None:
-    from okq.scheduler import LeasedItem
+    from okq.leases import LeasedItem
 
     item = LeasedItem("i", "q", "t", 1, 1, b"p", 1, meta={**SQS_META, "headers": {"a": "1"}})
     assert item.headers == {"a": "1", "s": "from sqs"}

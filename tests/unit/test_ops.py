@@ -16,10 +16,10 @@ from okq import ops
 from okq.admin import QueueInfo
 from okq.auth import Principal
 from okq.errors import Forbidden, InvalidRequest
+from okq.leases import LeasedItem
 from okq.model import QueueConfig
 from okq.pipeline import Authorize
 from okq.publisher import NewItem
-from okq.scheduler import LeasedItem
 
 LEASED = LeasedItem("0000000000aa-00000000aa.0", "jobs", "tok", 2, 1_700_000_000_000, b"\x00x",
                     1_699_999_000_000, None, {"k": "v"}, 1_699_999_500_000)

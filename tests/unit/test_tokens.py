@@ -366,3 +366,32 @@ def test_a_mac_of_the_wrong_length_is_a_bad_signature(mac: str) -> None:
     assert "bad signature" in refused(SIGNER, f"{body}.{mac}").message
     signed = SIGNER.sign(D).rpartition(".")[0]
     assert "bad signature" in refused(SIGNER, f"{signed}.{mac.lower()}").message
+
+
+def test_the_record_of_minted_tokens_is_bounded_and_forgotten_tokens_still_verify() -> None:
+    signer = TokenSigner([K1])
+    signer.REMEMBER = 10  # type: ignore[misc]
+    deliveries = [Delivery("ns", "q", "s", index, 1) for index in range(25)]
+    tokens = [signer.sign(d) for d in deliveries]
+    remembered = {**signer._older, **signer._minted}
+    assert 0 < len(remembered) <= 10
+    assert tokens[-1] in remembered and tokens[0] not in remembered
+    for token, d in zip(tokens, deliveries, strict=True):  # remembered or not: the same answer
+        assert signer.verify(token, "ns") == d
+    with pytest.raises(InvalidToken, match="another namespace"):
+        signer.verify(tokens[0], "other")
+    with pytest.raises(InvalidToken, match="another namespace"):
+        signer.verify(tokens[-1], "other")
+
+
+def test_verify_many_names_the_entry_that_failed() -> None:
+    signer = TokenSigner([K1])
+    good = signer.sign(Delivery("ns", "q", "s", 0, 1))
+    other = signer.sign(Delivery("ns", "elsewhere", "s", 0, 1))
+    named = Delivery("ns", "q", "s", 0, 1)
+    assert signer.verify_many([good, good], "ns", "q", "tokens[{n}]") == [named, named]
+    with pytest.raises(InvalidToken, match=r"tokens\[1\] belongs to queue 'elsewhere'"):
+        signer.verify_many([good, other], "ns", "q", "tokens[{n}]")
+    with pytest.raises(InvalidToken, match=r"tokens\[2\] has a bad signature") as caught:
+        signer.verify_many([good, good, good[:-1] + "0"], "ns", None, "tokens[{n}]")
+    assert caught.value.details["field"] == "tokens[2]"
