@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from okq import leases as tr
-from okq.changes import Unchanged
 from okq.errors import (
     LeaseLost,
     OkqError,
@@ -140,15 +139,26 @@ class Deliveries:
         ]
         answers = await asyncio.gather(*calls, return_exceptions=True)
         results: list[object] = [None] * len(parsed)
+        refused = False
         for ns, answer in zip(groups.values(), answers, strict=True):
             if isinstance(answer, BaseException):
                 raise answer
-            for n, r in zip(ns, answer, strict=True):
-                results[n] = r
-        for q in {q.name: q for _, q in parsed if q.waiters}.values():
-            m = q.manifest.view()
-            if m is not None and m.config.fifo:
-                self.rt.wake(q)  # a group held by what was completed may be free now
+            if answer.count(None) != len(answer):
+                refused = True
+                for n, r in zip(ns, answer, strict=True):
+                    results[n] = r
+        queues = {parsed[ns[0]][1].name: parsed[ns[0]][1] for ns in groups.values()}
+        for q in queues.values():
+            if q.waiters:
+                m = q.manifest.view()
+                if m is not None and m.config.fifo:
+                    self.rt.wake(q)  # a group held by what was completed may be free now
+        if refused:
+            await self._refused(parsed, results)
+
+    async def _refused(self, parsed: list[tuple[Delivery, QueueRuntime]],
+                       results: list[object]) -> None:
+        """Raise what a batch of completions was refused, naming each refusal."""
         failed: list[dict[str, Any]] = []
         for n, ((d, q), r) in enumerate(zip(parsed, results, strict=True)):
             if isinstance(r, LeaseLost):
@@ -161,7 +171,7 @@ class Deliveries:
                 raise r
         if failed:
             raise LeaseLost(
-                f"{len(failed)} of {len(tokens)} completions refused: the lease was lost",
+                f"{len(failed)} of {len(parsed)} completions refused: the lease was lost",
                 failed=failed,
             )
 
@@ -211,24 +221,9 @@ class Deliveries:
 
 
 def _completions(ds: list[Delivery]) -> Callable[[LeaseObject, int], object]:
-    """One change completing several deliveries of one lease object: a list of
-    answers in their order, a refusal (LeaseLost) as its exception. Unchanged when
-    none was completed now, so that refusals are decided again on a fresh read."""
-
-    def change(obj: LeaseObject, now: int) -> object:
-        answers: list[object] = []
-        changed = False
-        for d in ds:
-            try:
-                r = tr.complete(obj, d.index, d.v)
-            except OkqError as exc:
-                answers.append(exc)
-                continue
-            changed = changed or not isinstance(r, Unchanged)
-            answers.append(None)
-        return answers if changed else Unchanged(answers)
-
-    return change
+    """One change completing several deliveries of one lease object
+    (``okq.leases.complete_many``)."""
+    return lambda obj, now: tr.complete_many(obj, ds)
 
 
 class _StaleConfig(OkqError):

@@ -17,9 +17,11 @@ import binascii
 import builtins
 import functools
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Protocol
 
+import msgspec
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -281,23 +283,44 @@ def iso_time(value_ms: int) -> str:
     return to_datetime(value_ms).isoformat()
 
 
-def leased_item_plain(i: Leased) -> dict[str, Any]:
+class LeasedItemPlain(msgspec.Struct, omit_defaults=True):
     """A leased item as a msgpack reply carries it, built without a model: the
     payload is binary there, so it is not repeated as ``utf8`` (a client that
     wants text decodes ``bytes``; okq's client fills ``utf8`` in itself), and
-    ``headers`` only when there are some."""
-    out: dict[str, Any] = {
-        "id": i.id, "token": i.token, "attempts": i.attempts,
-        "lease_deadline": iso_time(i.lease_deadline_ms),
-        "produced_at": iso_time(i.produced_ms),
-        "enqueue_at": None if i.enqueue_at_ms is None else iso_time(i.enqueue_at_ms),
-        "bytes": i.payload, "meta": i.meta,
-    }
-    if i.meta:
-        out["meta"], headers = split_meta(i.meta)
-        if headers:
-            out["headers"] = headers
-    return out
+    ``headers`` only when there are some. The fields' order is the keys' order on
+    the wire."""
+
+    id: str
+    token: str
+    attempts: int
+    lease_deadline: str
+    produced_at: str
+    enqueue_at: str | None
+    bytes: builtins.bytes
+    meta: dict[str, Any] | None
+    headers: dict[str, str] | None = None
+
+
+class LeaseReplyPlain(msgspec.Struct):
+    queue_name: str
+    items: list[LeasedItemPlain]
+
+
+def leased_item_plain(i: Leased) -> LeasedItemPlain:
+    """What a msgpack lease reply says of a leased item."""
+    meta, headers = split_meta(i.meta) if i.meta else (i.meta, None)
+    return LeasedItemPlain(
+        i.id, i.token, i.attempts, iso_time(i.lease_deadline_ms), iso_time(i.produced_ms),
+        None if i.enqueue_at_ms is None else iso_time(i.enqueue_at_ms), i.payload, meta,
+        headers or None)
+
+
+_PLAIN_ENCODER = msgspec.msgpack.Encoder()
+
+
+def lease_reply_plain(queue: str, items: Sequence[Leased]) -> builtins.bytes:
+    """A lease's msgpack reply (the hot path): a struct per item, no model."""
+    return _PLAIN_ENCODER.encode(LeaseReplyPlain(queue, [leased_item_plain(i) for i in items]))
 
 
 class LeaseResponse(Reply):

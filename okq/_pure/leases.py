@@ -27,6 +27,7 @@ callers reach either through okq/leases.py (its docstring tells how).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,11 +41,11 @@ from okq.model import FORMAT_VERSION, SegmentItem, SegmentMeta, unpack_object
 __all__ = [
     "DEAD", "DEAD_PENDING", "DONE", "FINISHED", "GONE_STATES", "HALF_DONE", "IN_FLIGHT", "LEASED",
     "OUTPUTS_PENDING", "READY_STATES", "WAITING", "ItemState", "LeaseObject", "Leased",
-    "LeasedItem", "SealRefused", "abandon_outputs", "carried", "classify", "complete", "current",
-    "decode_lease", "encode_lease", "exhausted", "expire", "finish_dead", "finish_outputs",
-    "is_available", "is_finished", "is_idle", "lease", "leased_items", "left_queue", "ready_at",
-    "recognise", "renew", "retry",
-    "retry_attempts", "seal", "summarise",
+    "LeasedItem", "SealRefused", "abandon_outputs", "carried", "classify", "complete",
+    "complete_many", "current", "decode_lease", "encode_lease", "exhausted", "expire",
+    "finish_dead", "finish_outputs", "is_available", "is_finished", "is_idle", "lease",
+    "leased_items", "left_queue", "ready_at", "recognise", "renew", "retry", "retry_attempts",
+    "seal", "summarise",
 ]
 
 # -- states ----------------------------------------------------------------------
@@ -456,6 +457,25 @@ def complete(
     else:
         obj.items[index] = ItemState(OUTPUTS_PENDING, v, st.attempts, now, None, out)
     return out
+
+
+def complete_many(obj: LeaseObject, deliveries: Sequence[Any]) -> list[Any] | Unchanged:
+    """:func:`complete` without outputs for each of ``deliveries`` (objects with
+    ``index`` and ``v``) of one lease object: the answers in their order, None or
+    the refusal (an OkqError, not raised). Unchanged when none was completed now,
+    so that refusals are decided again on a fresh read."""
+    answers: list[Any] = []
+    changed = False
+    for d in deliveries:
+        try:
+            r = complete(obj, d.index, d.v)
+        except OkqError as exc:
+            answers.append(exc)
+            continue
+        if not isinstance(r, Unchanged):
+            changed = True
+        answers.append(None)
+    return answers if changed else Unchanged(answers)
 
 
 def finish_outputs(obj: LeaseObject, index: int, v: int) -> Unchanged | None:

@@ -30,7 +30,7 @@ from okq.headers import split_meta, with_headers
 from okq.model import QueueConfig, with_group
 from okq.ops import Context, Outputs, Retry
 from okq.publisher import NewItem, Produced
-from okq.server.codec import read_body, read_bytes, respond, respond_plain, wants_msgpack
+from okq.server.codec import read_body, read_bytes, respond, respond_msgpack, wants_msgpack
 from okq.server.health import store_kind
 from okq.server.middleware import public_details
 from okq.server.state import (
@@ -203,8 +203,7 @@ async def lease(request: web.Request) -> web.Response:
     items = await run(request, ops.Lease(body.queue_name, body.batch_size, body.lease_timeout,
                                          body.request_timeout))
     if wants_msgpack(request):  # the hot path: no model per item
-        return respond_plain(request, {"queue_name": body.queue_name,
-                                       "items": [s.leased_item_plain(i) for i in items]})
+        return respond_msgpack(s.lease_reply_plain(body.queue_name, items))
     return respond(request, s.LeaseResponse(queue_name=body.queue_name,
                                             items=[s.leased_item_out(i) for i in items]))
 

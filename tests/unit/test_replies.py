@@ -41,8 +41,12 @@ def engine_items() -> list[SimpleNamespace]:
 
 def msgpack_reply(items: list[Any]) -> bytes:
     """A lease reply as the node sends it on msgpack (okq.server.handlers.lease)."""
-    plain = [s.leased_item_plain(i) for i in items]
-    return bytes(msgpack.packb({"queue_name": "q", "items": plain}, use_bin_type=True))
+    return s.lease_reply_plain("q", items)
+
+
+def plain(item: Any) -> dict[str, Any]:
+    """One leased item as the node's msgpack reply carries it, as a dict."""
+    return dict(msgpack.unpackb(s.lease_reply_plain("q", [item]))["items"][0])
 
 
 def json_reply(items: list[Any]) -> bytes:
@@ -125,14 +129,14 @@ def test_items_behave_as_models() -> None:
 def test_reply_without_optional_keys_and_with_unknown_ones() -> None:
     """A reply that leaves out what has a default, or adds a key (a newer node), reads
     as validation reads the former and skips the latter."""
-    plain = s.leased_item_plain(engine_items()[0])
-    del plain["enqueue_at"], plain["meta"]
-    raw = msgpack.packb({"queue_name": "q", "items": [plain]}, use_bin_type=True)
+    item = plain(engine_items()[0])
+    del item["enqueue_at"], item["meta"]
+    raw = msgpack.packb({"queue_name": "q", "items": [item]}, use_bin_type=True)
     [got] = replies.leased_items(raw)
     [want] = validated_msgpack(raw)
     assert got == want and got.enqueue_at is None and got.meta is None
-    plain["shiny_new_field"] = 1
-    raw = msgpack.packb({"queue_name": "q", "items": [plain], "more": True}, use_bin_type=True)
+    item["shiny_new_field"] = 1
+    raw = msgpack.packb({"queue_name": "q", "items": [item], "more": True}, use_bin_type=True)
     [got] = replies.leased_items(raw)
     assert got == want and "shiny_new_field" not in got.model_dump()
 
@@ -142,9 +146,9 @@ def test_reply_without_optional_keys_and_with_unknown_ones() -> None:
     msgpack.packb({"queue_name": "q"}),
     msgpack.packb({"queue_name": "q", "items": [{"id": "a"}]}),
     msgpack.packb({"queue_name": "q", "items": [
-        {**s.leased_item_plain(engine_items()[0]), "attempts": "1"}]}),
+        {**plain(engine_items()[0]), "attempts": "1"}]}),
     msgpack.packb({"queue_name": "q", "items": [
-        {**s.leased_item_plain(engine_items()[0]), "lease_deadline": "soon"}]}),
+        {**plain(engine_items()[0]), "lease_deadline": "soon"}]}),
 ], ids=["html", "no-items", "missing-fields", "attempts-text", "bad-time"])
 def test_not_a_lease_reply(body: bytes) -> None:
     with pytest.raises(msgspec.DecodeError):
