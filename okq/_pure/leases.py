@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
+import msgspec
 
 from okq.changes import Unchanged
 from okq.errors import FormatError, LeaseLost, OkqError
@@ -217,7 +218,7 @@ def encode_lease(o: LeaseObject) -> bytes:
 
 def _pack_state(index: int, st: ItemState) -> bytes:
     key = _INDEX_BYTES[index] if index < len(_INDEX_BYTES) else _packb(index)
-    packed = key + _packb(st.pack())
+    packed = key + _STATE_ENCODER.encode(st.pack())
     st.packed = (index, packed)
     return packed
 
@@ -236,6 +237,9 @@ def _map_header(n: int) -> bytes:
 
 #: One packer for every call (msgpack.packb makes one per call; ``pack`` holds the GIL).
 _PACKER = msgpack.Packer(use_bin_type=True)
+#: An item state's list, as msgpack's packer writes it, in half the time (the
+#: same bytes: tests/unit/test_stored_bytes.py).
+_STATE_ENCODER = msgspec.msgpack.Encoder()
 #: Item indexes as msgpack map keys, for the common sizes of a segment.
 _INDEX_BYTES = [msgpack.packb(i) for i in range(4096)]
 #: {"f": "lease", "v": FORMAT_VERSION, "segment": ...}: a map of 7, its first keys.

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 
+import msgpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from okq.leases import (
     DEAD,
@@ -26,6 +29,7 @@ from okq.leases import (
     encode_lease,
 )
 from okq.model import (
+    FORMAT_VERSION,
     Manifest,
     QueueConfig,
     Segment,
@@ -133,3 +137,26 @@ def test_a_segment_is_written_as_before() -> None:
 def test_a_manifest_is_written_as_before() -> None:
     assert encode_manifest(MANIFEST) == MANIFEST_BYTES
     assert decode_manifest(MANIFEST_BYTES) == MANIFEST
+
+
+_TEXT = st.text(max_size=300)  # past 31 and 255 bytes: each length header's size
+_INT = st.integers(min_value=-(2**63), max_value=2**64 - 1)  # every msgpack int width
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(states=st.dictionaries(st.integers(min_value=0, max_value=70_000), st.builds(
+    ItemState, st.sampled_from([LEASED, WAITING, DONE, OUTPUTS_PENDING, DEAD_PENDING, DEAD]),
+    _INT, _INT, _INT, st.none() | _TEXT,
+    st.none() | st.tuples(_TEXT, _TEXT, _INT, _INT, _INT).map(list),
+    rq=st.none() | _TEXT, first=st.none() | _INT), max_size=20))
+def test_any_lease_object_is_written_as_msgpack_writes_its_fields(
+        states: dict[int, ItemState]) -> None:
+    """The codec writes a state's list with msgspec and joins cached bytes: the
+    result is what msgpack's own packer makes of the object's fields."""
+    obj = LeaseObject(SEG, states, ver=3, nonce="n", sealed=False)
+    reference = msgpack.packb({
+        "f": "lease", "v": FORMAT_VERSION, "segment": SEG,
+        "items": {index: state.pack() for index, state in states.items()},
+        "ver": 3, "nonce": "n", "sealed": False}, use_bin_type=True)
+    assert encode_lease(obj) == reference
