@@ -156,8 +156,7 @@ class Replies:
 
     def lease(self, n: int) -> bytes:
         if n not in self.lease_cache:
-            items = [wire.leased_item_plain(i) for i in leased(n, 0)]
-            self.lease_cache[n] = packed({"queue_name": "q", "items": items})
+            self.lease_cache[n] = wire.lease_reply_plain("q", leased(n, 0))
         return self.lease_cache[n]
 
     def answer(self, path: str, body: dict[str, Any]) -> bytes:
