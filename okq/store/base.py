@@ -24,6 +24,7 @@ is ambiguous: the write may have landed. Callers resolve it by re-reading.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -36,12 +37,38 @@ from urllib.parse import urlparse
 DEFAULT_S3_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class Blob:
-    """One version of an object: its bytes and its ETag."""
+def etag_of(data: bytes) -> str:
+    """An object's ETag as S3 makes it for a single-part PUT: the MD5 of its bytes."""
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
-    data: bytes
-    etag: str
+
+class Blob:
+    """One version of an object: its bytes and its ETag. A store that hashes the
+    bytes for the ETag (the file store) leaves it to the first read of ``etag``:
+    the reader of a segment, which never asks, does not pay for it (an MD5 of
+    every leased byte)."""
+
+    __slots__ = ("_etag", "data")
+
+    def __init__(self, data: bytes, etag: str | None = None) -> None:
+        self.data = data
+        self._etag = etag
+
+    @property
+    def etag(self) -> str:
+        if self._etag is None:
+            self._etag = etag_of(self.data)
+        return self._etag
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Blob):
+            return NotImplemented
+        return self.data == other.data and self.etag == other.etag
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Blob(data={self.data!r}, etag={self.etag!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,8 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from okq.errors import CASConflict, ObjectNotFound, StorageError
-from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
-from okq.store.memory import etag_of
+from okq.store.base import Blob, ListPage, ObjectInfo, etag_of, validate_key
 
 LOCK_DIR = ".locks"
 LOCK_STRIPES = 1024
@@ -137,7 +136,7 @@ class FileStore:
             raise ObjectNotFound(f"no object {key!r}", key=key) from None
         except OSError as exc:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
-        return Blob(data, etag_of(data))
+        return Blob(data)  # its ETag hashed when asked for
 
     def _etag(self, path: Path) -> tuple[str, os.stat_result]:
         """The file's ETag for ``head`` and ``list``, hashed once per version.
@@ -236,7 +235,7 @@ class FileStore:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
         finally:
             os.close(fd)
-        return Blob(data, etag_of(data))
+        return Blob(data)  # its ETag hashed when asked for
 
     async def head(self, key: str) -> ObjectInfo:
         return self._head(key)

@@ -7,15 +7,10 @@ loop; conditional writes are exact.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import time
 
 from okq.errors import CASConflict, ObjectNotFound
-from okq.store.base import Blob, ListPage, ObjectInfo, validate_key
-
-
-def etag_of(data: bytes) -> str:
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+from okq.store.base import Blob, ListPage, ObjectInfo, etag_of, validate_key
 
 
 class MemoryStore:
