@@ -31,13 +31,13 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     synced: list[Path] = []
     rename, fsync_dir = file_store._rename_temporary, file_store._fsync_dir
 
-    def gated_rename(tmp: Path, fd: int, target: Path) -> None:
+    def gated_rename(tmp: Path, fd: int, target: Path, **kw: Any) -> Path | None:
         if not held.is_set():
             held.set()
             opened.wait(30)
         if target.name.startswith("bad"):
             target = target.parent / "missing-folder" / target.name  # the rename fails
-        rename(tmp, fd, target)
+        return rename(tmp, fd, target, **kw)
 
     def counted_fsync(folder: Path) -> None:
         synced.append(folder)

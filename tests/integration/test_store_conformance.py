@@ -676,6 +676,7 @@ async def test_file_store_writes_cancelled_mid_way_lose_no_acknowledged_write(
         except CASConflict:
             assert attempt < 9, "the key kept changing after every writer had returned"
             await asyncio.sleep(0.05)
+    await store.close()  # its spare files (old versions kept for reuse) go too
     assert not list((tmp_path / "store" / "hot").glob(".tmp-*"))
 
 

@@ -1,0 +1,164 @@
+"""The file store's recycled files (okq/store/file.py, "Recycled files"): an
+overwrite keeps the old version's file as a spare, a later write in the folder
+writes into it once it has been retired for SPARE_AGE, and no read spans a
+reuse."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from okq.errors import CASConflict
+from okq.store import file as file_store
+from okq.store.file import FileStore
+
+
+def spares(folder: Path) -> dict[int, bytes]:
+    """The folder's spare files: inode -> bytes."""
+    return {p.stat().st_ino: p.read_bytes() for p in folder.glob(".tmp-*")}
+
+
+async def test_an_overwrite_keeps_the_old_file_and_a_later_write_reuses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_store, "SPARE_AGE", 0.05)
+    store = FileStore(tmp_path)
+    await store.put("q/a", b"first version, the longer one")
+    old_inode = (tmp_path / "q" / "a").stat().st_ino
+    await store.put("q/a", b"second")
+    assert spares(tmp_path / "q") == {old_inode: b"first version, the longer one"}
+    assert (await store.list("q/")).items[0].key == "q/a"  # a spare is no object
+    await asyncio.sleep(0.1)
+    await store.put("q/b", b"short")  # another key of the folder
+    assert (tmp_path / "q" / "b").stat().st_ino == old_inode
+    assert (await store.get("q/b")).data == b"short"  # the old tail cut off
+    assert (await store.get("q/a")).data == b"second"
+    assert (await store.get("q/b")).etag == (await store.head("q/b")).etag
+    assert set(spares(tmp_path / "q")) == set()  # a's old file reused; b had none
+    await store.close()
+
+
+async def test_a_spare_waits_its_age_and_close_removes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_store, "SPARE_AGE", 60.0)
+    store = FileStore(tmp_path)
+    await store.put("q/a", b"1")
+    old_inode = (tmp_path / "q" / "a").stat().st_ino
+    await store.put("q/a", b"2")
+    await store.put("q/b", b"3")
+    assert (tmp_path / "q" / "b").stat().st_ino != old_inode
+    assert set(spares(tmp_path / "q")) == {old_inode}
+    await store.close()
+    assert spares(tmp_path / "q") == {}
+    assert (await store.get("q/a")).data == b"2" and (await store.get("q/b")).data == b"3"
+
+
+def test_a_read_is_one_version_or_none(tmp_path: Path) -> None:
+    """What a reader checks (``_read_version``): a first fstat too long after the
+    clock started before the open, or a file changed in place while it was read
+    (a retired file reused: its ctime set afresh), is no answer."""
+    path = tmp_path / "f"
+    path.write_bytes(b"one version")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        before = os.fstat(fd)
+        assert file_store._read_version(fd, time.monotonic(), before) == b"one version"
+        os.lseek(fd, 0, os.SEEK_SET)
+        late = time.monotonic() - file_store.SPARE_AGE
+        assert file_store._read_version(fd, late, before) is None
+        os.lseek(fd, 0, os.SEEK_SET)
+        time.sleep(0.02)  # past the clock tick of the file's ctime
+        writer = os.open(path, os.O_WRONLY)
+        os.pwrite(writer, b"same size!!", 0)  # reused in place: same size, new bytes
+        os.close(writer)
+        assert file_store._read_version(fd, time.monotonic(), before) is None
+    finally:
+        os.close(fd)
+
+
+async def test_a_read_that_spanned_a_reuse_is_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileStore(tmp_path)
+    await store.put("q/a", b"content")
+    reads = []
+    read_fd = file_store._read_fd
+
+    def reused_during_the_first(fd: int) -> bytes:
+        data = read_fd(fd)
+        reads.append(data)
+        if len(reads) == 1:
+            time.sleep(0.02)
+            writer = os.open(tmp_path / "q" / "a", os.O_WRONLY)
+            os.pwrite(writer, b"CONTENT", 0)
+            os.close(writer)
+        return data
+
+    monkeypatch.setattr(file_store, "_read_fd", reused_during_the_first)
+    assert (await store.get("q/a")).data == b"CONTENT"
+    assert reads == [b"content", b"CONTENT"]
+
+
+async def test_writers_and_readers_racing_on_reused_files_see_only_whole_versions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With files reused as soon as they may be: every read is one whole version
+    of its own key, and no acknowledged write is overwritten."""
+    monkeypatch.setattr(file_store, "SPARE_AGE", 0.01)
+    into_spares = []
+    write_temporary = file_store._write_temporary
+
+    def counted(path: Path, data: bytes, spare: Path | None = None) -> tuple[Path, int]:
+        into_spares.append(spare is not None)
+        return write_temporary(path, data, spare)
+
+    monkeypatch.setattr(file_store, "_write_temporary", counted)
+    store = FileStore(tmp_path)
+    keys = [f"hot/k{n}" for n in range(4)]
+    for key in keys:
+        await store.put(key, json.dumps({"key": key, "log": []}).encode())
+    acknowledged: dict[str, list[int]] = {key: [] for key in keys}
+    rng = random.Random(3)
+
+    async def writer(w: int) -> None:
+        for i in range(60):
+            key = rng.choice(keys)
+            blob = await store.get(key)
+            state = json.loads(blob.data)  # a torn or foreign read fails here
+            assert state["key"] == key
+            state["log"].append(w * 1000 + i)
+            state["pad"] = "x" * rng.randrange(0, 3000)  # versions of every size
+            try:
+                await store.put(key, json.dumps(state).encode(), if_match=blob.etag)
+            except CASConflict:
+                continue
+            acknowledged[key].append(w * 1000 + i)
+            if rng.random() < 0.2:
+                await asyncio.sleep(0.015)  # let spares come of age
+
+    await asyncio.gather(*(writer(w) for w in range(6)))
+    assert sum(into_spares) > 20, "few writes reused a file: the test proved little"
+    for key in keys:
+        final = json.loads((await store.get(key)).data)
+        assert final["key"] == key and sorted(final["log"]) == sorted(acknowledged[key])
+    inodes = {(tmp_path / key).stat().st_ino for key in keys}
+    reused = len(inodes & set(spares(tmp_path / "hot")))
+    assert reused == 0, "a live object's file is also a spare"
+    await store.close()
+    assert not list((tmp_path / "hot").glob(".tmp-*"))
+
+
+async def test_a_file_system_without_hard_links_writes_without_spares(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    store = FileStore(tmp_path)
+    await store.put("q/a", b"1")
+    await store.put("q/a", b"2")
+    assert (await store.get("q/a")).data == b"2"
+    assert spares(tmp_path / "q") == {}
