@@ -86,7 +86,9 @@ GROUP_MAX = 64
 #: longest a read may take from its open to its first fstat (module docstring).
 SPARE_AGE = 0.2
 #: The most spare files kept per folder; an overwrite beyond them frees its old file.
-SPARES_MAX = 256
+#: Every write takes one that is old enough, so a folder holds about as many as it
+#: has writes in SPARE_AGE; this bounds what a burst leaves behind until ``close``.
+SPARES_MAX = 128
 
 
 class _Spares:
