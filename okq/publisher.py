@@ -274,7 +274,7 @@ class Publisher:
         """Create-only write; an ambiguous failure is resolved by writing again."""
         for attempt in range(4):
             try:
-                await self.store.put(key, data, if_none_match=True)
+                await self.store.put(key, data, if_none_match=True, want_etag=False)
                 return
             except CASConflict:
                 if attempt == 0:  # a fresh random id cannot exist yet

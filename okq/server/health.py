@@ -71,9 +71,10 @@ class StoreWatch:
         return await self._watch(self.inner.head(key))
 
     async def put(self, key: str, data: bytes, *, if_match: str | None = None,
-                  if_none_match: bool = False) -> str:
+                  if_none_match: bool = False, want_etag: bool = True) -> str:
         return await self._watch(self.inner.put(key, data, if_match=if_match,
-                                                if_none_match=if_none_match))
+                                                if_none_match=if_none_match,
+                                                want_etag=want_etag))
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
         await self._watch(self.inner.delete(key, if_match=if_match))

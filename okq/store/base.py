@@ -106,8 +106,13 @@ class Store(Protocol):
         *,
         if_match: str | None = None,
         if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
-        """Write the object and return its new ETag. Raises CASConflict."""
+        """Write the object and return its new ETag. Raises CASConflict.
+
+        ``want_etag=False``: the caller has no use for the ETag (a segment's
+        writer), and a store that would hash the bytes to make one (the file
+        store: an MD5 of every produced byte) returns "" instead."""
         ...
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:

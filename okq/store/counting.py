@@ -42,11 +42,13 @@ class CountingStore:
         return await self.inner.head(key)
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         self.requests["put"] += 1
         self.bytes_in["put"] += len(data)
-        return await self.inner.put(key, data, if_match=if_match, if_none_match=if_none_match)
+        return await self.inner.put(key, data, if_match=if_match, if_none_match=if_none_match,
+                                    want_etag=want_etag)
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
         self.requests["delete"] += 1

@@ -185,13 +185,15 @@ class FaultyStore:
         return await self._call("head", key, False, lambda: self.inner.head(key))
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         return await self._call(
             "put",
             key,
             True,
-            lambda: self.inner.put(key, data, if_match=if_match, if_none_match=if_none_match),
+            lambda: self.inner.put(key, data, if_match=if_match, if_none_match=if_none_match,
+                                   want_etag=want_etag),
         )
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:

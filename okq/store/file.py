@@ -301,7 +301,8 @@ class FileStore:
         return self._head(key)
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         path = self._path(key)
         data = bytes(data)
@@ -320,7 +321,7 @@ class FileStore:
             raise
         await _hand_off(held, f"writing {key!r}", key, path.parent, (tmp, fd, path),
                         self._spares)
-        return etag_of(data)
+        return etag_of(data) if want_etag else ""
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
         path = self._path(key)

@@ -34,7 +34,8 @@ class MemoryStore:
         return ObjectInfo(key, etag, len(data), mtime)
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         validate_key(key)
         current = self._objects.get(key)

@@ -239,7 +239,8 @@ class ObstoreS3Store(S3Common):
         )
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         full = self._key(key)
         mode: PutMode = "overwrite"

@@ -119,7 +119,8 @@ class S3Store(S3Common):
         return ObjectInfo(key, _etag(resp["ETag"]), int(resp["ContentLength"]), modified)
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         s3 = await self._s3()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data}

@@ -347,7 +347,8 @@ class IgnoresConditions:
         return await self.inner.head(key)
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         keep = if_none_match and self.honour_if_none_match
         return await self.inner.put(key, data, if_none_match=keep)
@@ -369,7 +370,8 @@ class RefusesButWrites(IgnoresConditions):
     written the object anyway."""
 
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         if if_match is None:
             return await self.inner.put(key, data, if_none_match=if_none_match)

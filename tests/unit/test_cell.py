@@ -331,7 +331,8 @@ async def test_cas_conflict_creating_the_object_rereads_it() -> None:
 
 class AlwaysConflicting(MemoryStore):
     async def put(
-        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
     ) -> str:
         raise CASConflict("always", key=key)
 
