@@ -33,20 +33,20 @@ Recycled files. Each write makes a new file and each overwrite frees the old
 one; on ext4 without a journal (the disks here) making a file scans every inode
 freed in the last 30 s, which cost a fifth to a third of a busy node's CPU. So
 an overwrite keeps the old version's file under a spare name (a hard link made,
-under the key's lock, just before the rename), and a later write in the same
-folder writes its bytes into that file instead of a new one, once the version
-has been gone ``SPARE_AGE`` (a monotonic clock: the machine's, shared by every
-process). A reader may hold the old version open when it is retired, so every
-read here checks that it read one version: it starts its clock before it opens
-the file and gives up (and opens it again) if its first ``fstat`` comes
-``SPARE_AGE`` or more after that (a reuse could have come between), and again
-if the file's ctime or size differ between that ``fstat`` and one after the
-read (the retirement and the reuse each set the ctime, the reuse at least
-``SPARE_AGE`` after the retirement: more than the clock's tick). A spare is
-reused only by the process that retired it (its pool is in memory), after its
-folder's fsync made the retirement durable; the spares of a process that stops
-are removed by ``close``, those of one that crashed stay behind as ``.tmp-``
-files, which listing skips.
+under the key's lock, just before the rename), and a later write of any key
+writes its bytes into that file (renamed into the key's folder first) instead
+of a new one, once the version has been gone ``SPARE_AGE`` (a monotonic clock:
+the machine's, shared by every process). A reader may hold the old version open
+when it is retired, so every read here checks that it read one version: it
+starts its clock before it opens the file and gives up (and opens it again) if
+its first ``fstat`` comes ``SPARE_AGE`` or more after that (a reuse could have
+come between), and again if the file's ctime or size differ between that
+``fstat`` and one after the read (the retirement and the reuse each set the
+ctime, the reuse at least ``SPARE_AGE`` after the retirement: more than the
+clock's tick). A spare is reused only by the process that retired it (its pool
+is in memory), after its folder's fsync made the retirement durable; the spares
+of a process that stops are removed by ``close``, those of one that crashed stay
+behind as ``.tmp-`` files, which listing skips.
 """
 
 from __future__ import annotations
@@ -85,38 +85,50 @@ GROUP_MAX = 64
 #: Seconds a retired version's file waits before a write reuses it, and the
 #: longest a read may take from its open to its first fstat (module docstring).
 SPARE_AGE = 0.2
-#: The most spare files kept per folder; an overwrite beyond them frees its old file.
-#: Every write takes one that is old enough, so a folder holds about as many as it
-#: has writes in SPARE_AGE; this bounds what a burst leaves behind until ``close``.
-SPARES_MAX = 128
+#: The most spare files a store keeps; an overwrite beyond them frees its old file.
+#: Every write takes one that is old enough, so a store holds about as many as it
+#: makes writes in SPARE_AGE; this bounds what a burst leaves behind until ``close``.
+SPARES_MAX = 256
 
 
 class _Spares:
-    """The spare files of one store's folders, oldest first (module docstring,
-    "Recycled files"). Given by the commit thread, taken on the event loop: a
-    deque's append and popleft are atomic."""
+    """A store's spare files, oldest first (module docstring, "Recycled files").
+    Given by the commit thread, taken on the event loop: a deque's append and
+    popleft are atomic."""
 
     def __init__(self) -> None:
-        self._folders: dict[Path, deque[tuple[float, Path]]] = {}
+        self._spares: deque[tuple[float, Path]] = deque()
 
     def take(self, folder: Path) -> Path | None:
-        """A spare of ``folder`` retired at least SPARE_AGE ago, or None."""
-        spares = self._folders.get(folder)
+        """A spare retired at least SPARE_AGE ago, moved into ``folder`` (a segment's
+        folder gets the files of overwritten manifests and lease objects), or None."""
+        spares = self._spares
         if not spares or spares[0][0] > time.monotonic() - SPARE_AGE:
             return None
-        return spares.popleft()[1]
+        spare = spares.popleft()[1]
+        if spare.parent == folder:
+            return spare
+        moved = folder / f".tmp-{uuid.uuid4().hex}"
+        try:
+            try:
+                os.rename(spare, moved)
+            except FileNotFoundError:  # the key's folder is new
+                folder.mkdir(parents=True, exist_ok=True)
+                os.rename(spare, moved)
+        except OSError:  # another file system below the root
+            spare.unlink(missing_ok=True)
+            return None
+        return moved
 
-    def give(self, folder: Path, spare: Path) -> None:
-        spares = self._folders.setdefault(folder, deque())
-        if len(spares) < SPARES_MAX:
-            spares.append((time.monotonic(), spare))
+    def give(self, spare: Path) -> None:
+        if len(self._spares) < SPARES_MAX:
+            self._spares.append((time.monotonic(), spare))
         else:
             spare.unlink(missing_ok=True)
 
     def remove_all(self) -> None:
-        for spares in self._folders.values():
-            while spares:
-                spares.popleft()[1].unlink(missing_ok=True)
+        while self._spares:
+            self._spares.popleft()[1].unlink(missing_ok=True)
 
 
 @dataclass
@@ -489,7 +501,7 @@ def _keep_spares(group: list[_Job], failed: dict[int, BaseException]) -> None:
             if n in failed:
                 job.retired.unlink(missing_ok=True)
             else:
-                job.spares.give(job.folder, job.retired)
+                job.spares.give(job.retired)
 
 
 def _settle(settled: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:

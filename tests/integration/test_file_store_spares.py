@@ -43,6 +43,31 @@ async def test_an_overwrite_keeps_the_old_file_and_a_later_write_reuses_it(
     await store.close()
 
 
+async def test_a_spare_moves_to_the_folder_of_the_key_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments are never overwritten: their folder gets the files of overwritten
+    manifests and lease objects."""
+    monkeypatch.setattr(file_store, "SPARE_AGE", 0.05)
+    store = FileStore(tmp_path)
+    await store.put("q/manifest", b"version 1")
+    old_inode = (tmp_path / "q" / "manifest").stat().st_ino
+    await store.put("q/manifest", b"version 2")
+    await asyncio.sleep(0.1)
+    await store.put("q/segments/s1", b"a segment", if_none_match=True, want_etag=False)
+    assert (tmp_path / "q" / "segments" / "s1").stat().st_ino == old_inode
+    assert (await store.get("q/segments/s1")).data == b"a segment"
+    assert spares(tmp_path / "q") == {} and spares(tmp_path / "q" / "segments") == {}
+    await store.put("q/manifest", b"version 3")
+    await asyncio.sleep(0.1)
+    (tmp_path / "q" / "manifest").rename(tmp_path / "q" / "kept")  # as if the folder
+    monkeypatch.setattr(os, "rename", lambda *a: (_ for _ in ()).throw(  # were elsewhere
+        OSError(18, "Invalid cross-device link")))
+    await store.put("q/other/s2", b"another", if_none_match=True)
+    assert (await store.get("q/other/s2")).data == b"another"
+    assert spares(tmp_path / "q") == {}  # the spare that could not move was freed
+    await store.close()
+
+
 async def test_a_spare_waits_its_age_and_close_removes_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(file_store, "SPARE_AGE", 60.0)
