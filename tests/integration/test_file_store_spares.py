@@ -24,13 +24,20 @@ def spares(folder: Path) -> dict[int, bytes]:
     return {p.stat().st_ino: p.read_bytes() for p in folder.glob(".tmp-*")}
 
 
+async def overwritten(store: FileStore, root: Path, key: str, old: bytes, new: bytes) -> int:
+    """``key`` written as ``old``, then as ``new``: the inode of old's file, now a spare."""
+    await store.put(key, old)
+    inode = (root / key).stat().st_ino
+    await store.put(key, new)
+    return inode
+
+
 async def test_an_overwrite_keeps_the_old_file_and_a_later_write_reuses_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(file_store, "SPARE_AGE", 0.05)
     store = FileStore(tmp_path)
-    await store.put("q/a", b"first version, the longer one")
-    old_inode = (tmp_path / "q" / "a").stat().st_ino
-    await store.put("q/a", b"second")
+    old_inode = await overwritten(store, tmp_path, "q/a", b"first version, the longer one",
+                                  b"second")
     assert spares(tmp_path / "q") == {old_inode: b"first version, the longer one"}
     assert (await store.list("q/")).items[0].key == "q/a"  # a spare is no object
     await asyncio.sleep(0.1)
@@ -49,9 +56,7 @@ async def test_a_spare_moves_to_the_folder_of_the_key_written(
     manifests and lease objects."""
     monkeypatch.setattr(file_store, "SPARE_AGE", 0.05)
     store = FileStore(tmp_path)
-    await store.put("q/manifest", b"version 1")
-    old_inode = (tmp_path / "q" / "manifest").stat().st_ino
-    await store.put("q/manifest", b"version 2")
+    old_inode = await overwritten(store, tmp_path, "q/manifest", b"version 1", b"version 2")
     await asyncio.sleep(0.1)
     await store.put("q/segments/s1", b"a segment", if_none_match=True, want_etag=False)
     assert (tmp_path / "q" / "segments" / "s1").stat().st_ino == old_inode
@@ -72,9 +77,7 @@ async def test_a_spare_waits_its_age_and_close_removes_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(file_store, "SPARE_AGE", 60.0)
     store = FileStore(tmp_path)
-    await store.put("q/a", b"1")
-    old_inode = (tmp_path / "q" / "a").stat().st_ino
-    await store.put("q/a", b"2")
+    old_inode = await overwritten(store, tmp_path, "q/a", b"1", b"2")
     await store.put("q/b", b"3")
     assert (tmp_path / "q" / "b").stat().st_ino != old_inode
     assert set(spares(tmp_path / "q")) == {old_inode}
