@@ -558,7 +558,7 @@ def _write_temporary(path: Path, data: bytes, spare: Path | None = None) -> tupl
         try:
             fd = os.open(spare, os.O_WRONLY)
             tmp = spare
-        except FileNotFoundError:
+        except OSError:  # gone, or no longer ours to write: a new file instead
             fd = -1
     if fd < 0:
         tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
