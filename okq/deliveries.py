@@ -72,9 +72,8 @@ class Deliveries:
     def delivery(
         self, token: str, field_name: str = "token", queue: str | None = None
     ) -> tuple[Delivery, QueueRuntime]:
-        pattern = field_name.replace("{", "{{").replace("}", "}}")
-        d = self.signer.verify_many([token], self.rt.ns, queue, pattern)[0]
-        return d, self.rt.queue(d.queue)
+        return self.deliveries([token], queue,
+                               field_name.replace("{", "{{").replace("}", "}}"))[0]
 
     def deliveries(self, tokens: Sequence[str], queue: str | None,
                    field_pattern: str) -> list[tuple[Delivery, QueueRuntime]]:

@@ -559,7 +559,7 @@ def _write_temporary(path: Path, data: bytes, spare: Path | None = None) -> tupl
             fd = os.open(spare, os.O_WRONLY)
             tmp = spare
         except OSError:  # gone, or no longer ours to write: a new file instead
-            fd = -1
+            pass
     if fd < 0:
         tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
         try:
