@@ -52,6 +52,7 @@ behind as ``.tmp-`` files, which listing skips.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -59,7 +60,6 @@ import queue
 import stat
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -97,38 +97,38 @@ class _Spares:
     popleft are atomic."""
 
     def __init__(self) -> None:
-        self._spares: deque[tuple[float, Path]] = deque()
+        self._spares: deque[tuple[float, str]] = deque()
 
-    def take(self, folder: Path) -> Path | None:
+    def take(self, folder: str) -> str | None:
         """A spare retired at least SPARE_AGE ago, moved into ``folder`` (a segment's
         folder gets the files of overwritten manifests and lease objects), or None."""
         spares = self._spares
         if not spares or spares[0][0] > time.monotonic() - SPARE_AGE:
             return None
         spare = spares.popleft()[1]
-        if spare.parent == folder:
+        if _parent(spare) == folder:
             return spare
-        moved = folder / f".tmp-{uuid.uuid4().hex}"
+        moved = _temporary_name(folder)
         try:
             try:
                 os.rename(spare, moved)
             except FileNotFoundError:  # the key's folder is new
-                folder.mkdir(parents=True, exist_ok=True)
+                os.makedirs(folder, exist_ok=True)
                 os.rename(spare, moved)
         except OSError:  # another file system below the root
-            spare.unlink(missing_ok=True)
+            _unlink_quietly(spare)
             return None
         return moved
 
-    def give(self, spare: Path) -> None:
+    def give(self, spare: str) -> None:
         if len(self._spares) < SPARES_MAX:
             self._spares.append((time.monotonic(), spare))
         else:
-            spare.unlink(missing_ok=True)
+            _unlink_quietly(spare)
 
     def remove_all(self) -> None:
         while self._spares:
-            self._spares.popleft()[1].unlink(missing_ok=True)
+            _unlink_quietly(self._spares.popleft()[1])
 
 
 @dataclass
@@ -148,20 +148,23 @@ class FileStore:
         self.root = Path(root).resolve()
         self.url = f"file://{self.root}"
         (self.root / LOCK_DIR).mkdir(parents=True, exist_ok=True)
-        self._etags: dict[Path, tuple[tuple[int, int, int], str]] = {}
+        # Paths are strings from here on: a pathlib join costs more than the
+        # system call it names (``Path / str`` parses its argument).
+        self._root = str(self.root)
+        self._etags: dict[str, tuple[tuple[int, int, int], str]] = {}
         self._stripes: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._spares = _Spares()
 
     # -- paths and locks -------------------------------------------------
-    def _path(self, key: str) -> Path:
-        return self.root / validate_key(key)
+    def _path(self, key: str) -> str:
+        return f"{self._root}/{validate_key(key)}"
 
-    def _lock_path(self, key: str) -> Path:
+    def _lock_path(self, key: str) -> str:
         # A fixed set of lock stripes: the folder stays small whatever the number of
         # keys, and keys that share a stripe merely take turns.
         digest = hashlib.sha1(key.encode(), usedforsecurity=False).digest()
-        return self.root / LOCK_DIR / f"{int.from_bytes(digest[:2], 'big') % LOCK_STRIPES:04d}"
+        return f"{self._root}/{LOCK_DIR}/{int.from_bytes(digest[:2], 'big') % LOCK_STRIPES:04d}"
 
     async def _lock(self, key: str) -> _Held:
         """The key's stripe locked, without blocking the event loop: first among this
@@ -171,7 +174,9 @@ class FileStore:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # asyncio locks belong to one loop
             self._loop, self._stripes = loop, {}
-        mine = self._stripes.setdefault(path.name, asyncio.Lock())
+        mine = self._stripes.get(path)
+        if mine is None:
+            mine = self._stripes[path] = asyncio.Lock()
         await mine.acquire()
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -206,7 +211,7 @@ class FileStore:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
         return Blob(data)  # its ETag hashed when asked for
 
-    def _etag(self, path: Path) -> tuple[str, os.stat_result]:
+    def _etag(self, path: str) -> tuple[str, os.stat_result]:
         """The file's ETag for ``head`` and ``list``, hashed once per version.
 
         The cache may answer stale (see the module docstring) and is used only where
@@ -216,7 +221,7 @@ class FileStore:
         older than the clock, so no later write can land in its tick without a
         clock step or ``utime`` (the "racily clean" rule of git's index).
         """
-        st = path.stat()
+        st = os.stat(path)
         version = (st.st_ino, st.st_mtime_ns, st.st_size)
         cached = self._etags.get(path)
         if cached is not None and cached[0] == version:
@@ -237,7 +242,7 @@ class FileStore:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
         return ObjectInfo(key, etag, st.st_size, st.st_mtime)
 
-    def _current_etag(self, key: str, path: Path) -> str | None:
+    def _current_etag(self, key: str, path: str) -> str | None:
         """The ETag of the bytes on disk now (None: no object), for a CAS check made
         under the key's lock: hashed from the content, never from the cache."""
         try:
@@ -247,11 +252,11 @@ class FileStore:
         except OSError as exc:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
 
-    def _exists(self, key: str, path: Path) -> bool:
+    def _exists(self, key: str, path: str) -> bool:
         """Whether an object has this key: a regular file (a directory only holds
         deeper keys)."""
         try:
-            return stat.S_ISREG(path.stat().st_mode)
+            return stat.S_ISREG(os.stat(path).st_mode)
         except _ABSENT:
             return False
         except OSError as exc:
@@ -317,6 +322,7 @@ class FileStore:
         want_etag: bool = True,
     ) -> str:
         path = self._path(key)
+        folder = _parent(path)
         data = bytes(data)
         held = await self._lock(key)
         try:
@@ -325,14 +331,13 @@ class FileStore:
             if if_match is not None and self._current_etag(key, path) != if_match:
                 raise CASConflict(f"{key!r} changed", key=key)
             try:
-                tmp, fd = _write_temporary(path, data, self._spares.take(path.parent))
+                tmp, fd = _write_temporary(path, data, self._spares.take(folder))
             except OSError as exc:
                 raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
         except BaseException:
             held.release()
             raise
-        await _hand_off(held, f"writing {key!r}", key, path.parent, (tmp, fd, path),
-                        self._spares)
+        await _hand_off(held, f"writing {key!r}", key, folder, (tmp, fd, path), self._spares)
         return etag_of(data) if want_etag else ""
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
@@ -342,7 +347,7 @@ class FileStore:
             if if_match is not None and self._current_etag(key, path) != if_match:
                 raise CASConflict(f"{key!r} changed", key=key)
             try:
-                path.unlink()
+                os.unlink(path)
             except _ABSENT:
                 held.release()
                 return
@@ -351,7 +356,7 @@ class FileStore:
         except BaseException:
             held.release()
             raise
-        await _hand_off(held, f"deleting {key!r}", key, path.parent)
+        await _hand_off(held, f"deleting {key!r}", key, _parent(path))
 
     async def list(
         self, prefix: str, *, start_after: str | None = None, limit: int = 1000
@@ -368,7 +373,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     the new, never a torn one (a temporary file in the same folder, fsynced, renamed
     over ``path``, then the folder fsynced)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+    tmp = Path(_temporary_name(str(path.parent)))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -382,8 +387,8 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-async def _hand_off(held: _Held, what: str, key: str, folder: Path,
-                    write: tuple[Path, int, Path] | None = None,
+async def _hand_off(held: _Held, what: str, key: str, folder: str,
+                    write: tuple[str, int, str] | None = None,
                     spares: _Spares | None = None) -> None:
     """What waits for the disk, to the commit thread: a write's ``(temporary file,
     its fd, target)`` (None for a delete), then ``folder``'s fsync. The thread
@@ -413,11 +418,11 @@ class _Job:
 
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future[None]
-    folder: Path
+    folder: str
     lock: int
-    write: tuple[Path, int, Path] | None  # (temporary file, its fd, target)
+    write: tuple[str, int, str] | None  # (temporary file, its fd, target)
     spares: _Spares | None = None  # where the target's old file goes, once retired
-    retired: Path | None = None  # the target's old file, under a spare name
+    retired: str | None = None  # the target's old file, under a spare name
 
 
 class _Committer:
@@ -462,7 +467,7 @@ def _commit_group(group: list[_Job]) -> None:
     after every rename and unlink in it; every lock released, whatever happened;
     then each job's outcome settled on its loop, one wake-up per loop."""
     failed: dict[int, BaseException] = {}
-    folders: dict[Path, list[int]] = {}
+    folders: dict[str, list[int]] = {}
     for n, job in enumerate(group):
         if job.write is not None:
             try:
@@ -499,7 +504,7 @@ def _keep_spares(group: list[_Job], failed: dict[int, BaseException]) -> None:
     for n, job in enumerate(group):
         if job.retired is not None and job.spares is not None:
             if n in failed:
-                job.retired.unlink(missing_ok=True)
+                _unlink_quietly(job.retired)
             else:
                 job.spares.give(job.retired)
 
@@ -514,7 +519,7 @@ def _settle(settled: list[tuple[asyncio.Future[None], BaseException | None]]) ->
             done.set_exception(exc)
 
 
-def _read_path(path: Path) -> bytes:
+def _read_path(path: str) -> bytes:
     """A file's bytes, one version of them (module docstring, "Recycled files")."""
     while True:
         began = time.monotonic()
@@ -548,7 +553,7 @@ def _read_fd(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _write_temporary(path: Path, data: bytes, spare: Path | None = None) -> tuple[Path, int]:
+def _write_temporary(path: str, data: bytes, spare: str | None = None) -> tuple[str, int]:
     """A temporary file beside ``path`` holding ``data``, not yet fsynced, and its
     open fd (the page-cache half of :func:`atomic_write`): ``spare``, a retired
     version's file, written over in place, or a new file when there is none (or
@@ -561,11 +566,12 @@ def _write_temporary(path: Path, data: bytes, spare: Path | None = None) -> tupl
         except OSError:  # gone, or no longer ours to write: a new file instead
             pass
     if fd < 0:
-        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"
+        folder = _parent(path)
+        tmp = _temporary_name(folder)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view, offset = memoryview(data), 0
@@ -575,39 +581,54 @@ def _write_temporary(path: Path, data: bytes, spare: Path | None = None) -> tupl
             os.ftruncate(fd, len(data))  # overwritten in place: its old tail cut off
     except BaseException:
         os.close(fd)
-        tmp.unlink(missing_ok=True)
+        _unlink_quietly(tmp)
         raise
     return tmp, fd
 
 
-def _rename_temporary(tmp: Path, fd: int, target: Path, *, keep_old: bool = False
-                      ) -> Path | None:
+def _rename_temporary(tmp: str, fd: int, target: str, *, keep_old: bool = False
+                      ) -> str | None:
     """The temporary file fsynced and closed, then renamed over ``target`` (the
     folder's fsync comes after, for the whole group). With ``keep_old``, the
     target's old file is kept under a spare name first; returns that name (None
     when there was no old file)."""
-    retired: Path | None = None
+    retired: str | None = None
     try:
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
         if keep_old:
-            retired = target.parent / f".tmp-{uuid.uuid4().hex}"
+            retired = _temporary_name(_parent(target))
             try:
                 os.link(target, retired)
             except OSError:  # no old file, or no hard links here: nothing to keep
                 retired = None
         os.replace(tmp, target)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _unlink_quietly(tmp)
         if retired is not None:
-            retired.unlink(missing_ok=True)
+            _unlink_quietly(retired)
         raise
     return retired
 
 
-def _fsync_dir(path: Path) -> None:
+def _parent(path: str) -> str:
+    """The folder of an object's file (paths here are absolute, normalised strings)."""
+    return path.rpartition("/")[0]
+
+
+def _temporary_name(folder: str) -> str:
+    """A fresh temporary (or spare) file name in ``folder``: listing skips them."""
+    return f"{folder}/.tmp-{os.urandom(16).hex()}"
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _fsync_dir(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

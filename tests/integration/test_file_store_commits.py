@@ -28,19 +28,19 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     every folder fsync; a target whose name starts with "bad" fails its rename."""
     opened = threading.Event()
     held = threading.Event()
-    synced: list[Path] = []
+    synced: list[Path] = []  # the store names files by strings: made Paths here
     rename, fsync_dir = file_store._rename_temporary, file_store._fsync_dir
 
-    def gated_rename(tmp: Path, fd: int, target: Path, **kw: Any) -> Path | None:
+    def gated_rename(tmp: str, fd: int, target: str, **kw: Any) -> str | None:
         if not held.is_set():
             held.set()
             opened.wait(30)
-        if target.name.startswith("bad"):
-            target = target.parent / "missing-folder" / target.name  # the rename fails
+        if Path(target).name.startswith("bad"):  # the rename fails
+            target = str(Path(target).parent / "missing-folder" / Path(target).name)
         return rename(tmp, fd, target, **kw)
 
-    def counted_fsync(folder: Path) -> None:
-        synced.append(folder)
+    def counted_fsync(folder: str) -> None:
+        synced.append(Path(folder))
         fsync_dir(folder)
 
     monkeypatch.setattr(file_store, "_rename_temporary", gated_rename)
