@@ -37,7 +37,13 @@ import msgspec
 from okq.changes import Unchanged
 from okq.errors import FormatError, LeaseLost, OkqError
 from okq.headers import headers_of
-from okq.model import FORMAT_VERSION, SegmentItem, SegmentMeta, unpack_object
+from okq.model import (
+    FORMAT_VERSION,
+    SegmentItem,
+    SegmentMeta,
+    as_msgpack_writes,
+    unpack_object,
+)
 
 __all__ = [
     "DEAD", "DEAD_PENDING", "DONE", "FINISHED", "GONE_STATES", "HALF_DONE", "IN_FLIGHT", "LEASED",
@@ -239,7 +245,7 @@ def _map_header(n: int) -> bytes:
 _PACKER = msgpack.Packer(use_bin_type=True)
 #: An item state's list, as msgpack's packer writes it, in half the time (the
 #: same bytes: tests/unit/test_stored_bytes.py).
-_STATE_ENCODER = msgspec.msgpack.Encoder()
+_STATE_ENCODER = msgspec.msgpack.Encoder(enc_hook=as_msgpack_writes)
 #: Item indexes as msgpack map keys, for the common sizes of a segment.
 _INDEX_BYTES = [msgpack.packb(i) for i in range(4096)]
 #: {"f": "lease", "v": FORMAT_VERSION, "segment": ...}: a map of 7, its first keys.
