@@ -152,9 +152,10 @@ class Publisher:
         """How many waiting calls fit one segment (at least one)."""
         n = items = size = 0
         for call in waiting:
-            if n and (items + len(call) > self.max_items or size + _size(call) > self.max_bytes):
+            more = _size(call)
+            if n and (items + len(call) > self.max_items or size + more > self.max_bytes):
                 break
-            n, items, size = n + 1, items + len(call), size + _size(call)
+            n, items, size = n + 1, items + len(call), size + more
         return n
 
     async def _publish(self, items: list[NewItem]

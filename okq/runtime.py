@@ -362,14 +362,15 @@ class Runtime:
         """The items of a produce, checked against the limits."""
         batch = [i if isinstance(i, NewItem) else NewItem(i) for i in items]
         self.check_batch(len(batch), field_name)
-        for n, item in enumerate(batch):
-            if len(item.payload) > self.opts.max_item_bytes:
+        limit = self.opts.max_item_bytes
+        for n, item in enumerate(batch):  # a field's name is spelt only for an error
+            if len(item.payload) > limit:
                 raise TooLarge(
-                    f"{field_name}[{n}] is {len(item.payload)} bytes; the limit is "
-                    f"{self.opts.max_item_bytes}",
-                    field=f"{field_name}[{n}]", limit=self.opts.max_item_bytes,
+                    f"{field_name}[{n}] is {len(item.payload)} bytes; the limit is {limit}",
+                    field=f"{field_name}[{n}]", limit=limit,
                 )
-            check_time_ms(item.enqueue_at_ms, f"{field_name}[{n}].enqueue_at")
+            if item.enqueue_at_ms is not None:
+                check_time_ms(item.enqueue_at_ms, f"{field_name}[{n}].enqueue_at")
             if item.meta and HEADERS_KEY in item.meta:
                 _check_headers(item.meta[HEADERS_KEY], f"{field_name}[{n}].headers")
         return batch

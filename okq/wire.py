@@ -175,23 +175,31 @@ class ProduceRequest(Body):
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 
 
-def plain_produce(body: dict[str, Any]) -> tuple[str, list[builtins.bytes]] | None:
-    """The queue and payloads of the commonest produce, binary payloads and nothing
-    else (what msgpack clients send), read without a model per item; None for any
-    other body, which the models then read (and explain, when it is wrong)."""
-    name, items = body.get("queue_name"), body.get("items")
-    if len(body) != 2 or not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name) \
-            or not isinstance(items, list) or not items:
+class _PlainItem(msgspec.Struct, forbid_unknown_fields=True):
+    bytes: builtins.bytes
+
+
+class _PlainProduce(msgspec.Struct, forbid_unknown_fields=True):
+    queue_name: str
+    items: list[_PlainItem]
+
+
+_PLAIN_PRODUCE = msgspec.msgpack.Decoder(_PlainProduce)
+
+
+def plain_produce(data: builtins.bytes) -> tuple[str, list[builtins.bytes]] | None:
+    """The queue and payloads of the commonest produce, a msgpack body of binary
+    payloads and nothing else (what msgpack clients send), decoded by msgspec
+    straight from the bytes without a model per item; None for any other body
+    (another key, a text payload, no items, a bad queue name, not msgpack at all),
+    which the models then read (and explain, when it is wrong)."""
+    try:
+        body = _PLAIN_PRODUCE.decode(data)
+    except msgspec.DecodeError:  # its ValidationError too
         return None
-    payloads = []
-    for item in items:
-        if type(item) is not dict or len(item) != 1:
-            return None
-        payload = item.get("bytes")
-        if type(payload) is not builtins.bytes:
-            return None
-        payloads.append(payload)
-    return name, payloads
+    if not body.items or not _QUEUE_NAME.fullmatch(body.queue_name):
+        return None
+    return body.queue_name, [item.bytes for item in body.items]
 
 
 def plain_tokens(body: dict[str, Any]) -> tuple[str, list[str]] | None:
@@ -321,6 +329,12 @@ _PLAIN_ENCODER = msgspec.msgpack.Encoder()
 def lease_reply_plain(queue: str, items: Sequence[Leased]) -> builtins.bytes:
     """A lease's msgpack reply (the hot path): a struct per item, no model."""
     return _PLAIN_ENCODER.encode(LeaseReplyPlain(queue, [leased_item_plain(i) for i in items]))
+
+
+def produce_reply_plain(queue: str, ids: list[str], duplicates: int | None) -> builtins.bytes:
+    """A produce's msgpack reply (the hot path): the bytes ``ProduceResponse`` makes
+    through ``okq.server.codec.respond``, without a model dump of every id."""
+    return _PLAIN_ENCODER.encode({"queue_name": queue, "ids": ids, "duplicates": duplicates})
 
 
 class LeaseResponse(Reply):

@@ -78,7 +78,11 @@ async def read_bytes(request: web.Request) -> bytes:
 async def read_body(request: web.Request) -> dict[str, Any]:
     """The body as a dict, decoded by its Content-Type (JSON when absent)."""
     kind = body_format(request)  # an unsupported type is refused whatever the body
-    data = await read_bytes(request)
+    return decode_body(await read_bytes(request), kind)
+
+
+def decode_body(data: bytes, kind: str) -> dict[str, Any]:
+    """``read_body`` of bytes read already."""
     if not data.strip():
         return {}
     body = decode(data, kind)

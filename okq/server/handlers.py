@@ -30,7 +30,15 @@ from okq.headers import split_meta, with_headers
 from okq.model import QueueConfig, with_group
 from okq.ops import Context, Outputs, Retry
 from okq.publisher import NewItem, Produced
-from okq.server.codec import read_body, read_bytes, respond, respond_msgpack, wants_msgpack
+from okq.server.codec import (
+    body_format,
+    decode_body,
+    read_body,
+    read_bytes,
+    respond,
+    respond_msgpack,
+    wants_msgpack,
+)
 from okq.server.health import store_kind
 from okq.server.middleware import public_details
 from okq.server.state import (
@@ -185,15 +193,18 @@ async def run(request: web.Request, op: ops.Op[R]) -> R:
 
 
 async def produce(request: web.Request) -> web.Response:
-    raw = await read_body(request)
-    plain = s.plain_produce(raw)
+    kind = body_format(request)
+    data = await read_bytes(request)
+    plain = s.plain_produce(data) if kind == "msgpack" else None
     if plain is not None:  # binary payloads and nothing else: no model per item
         queue, items = plain[0], [NewItem(p) for p in plain[1]]
     else:
-        body = _validate(raw, s.ProduceRequest)
+        body = _validate(decode_body(data, kind), s.ProduceRequest)
         queue, items = body.queue_name, await _new_items(request, body.items)
     ids = await run(request, ops.Produce(queue, items))
     duplicates = ids.duplicates if isinstance(ids, Produced) else None
+    if wants_msgpack(request):
+        return respond_msgpack(s.produce_reply_plain(queue, ids, duplicates))
     return respond(request, s.ProduceResponse.model_construct(queue_name=queue, ids=ids,
                                                               duplicates=duplicates))
 

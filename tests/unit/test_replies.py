@@ -235,3 +235,16 @@ def test_a_reply_from_a_newer_node_with_fields_this_client_does_not_know_is_read
     assert not hasattr(got, "also_later") and not hasattr(got.items[0], "added_later")
     with pytest.raises(ValueError, match="also_later"):
         s.ItemsListRequest.model_validate({"queue_name": "q", "also_later": 1})
+
+
+@pytest.mark.parametrize("duplicates", [None, 0, 3])
+def test_a_produce_reply_is_the_bytes_its_model_makes(duplicates: int | None) -> None:
+    """The node's msgpack produce reply skips the model: the same bytes as
+    ``respond`` makes of ``ProduceResponse``, with a ``Produced`` list of ids."""
+    from okq.publisher import Produced
+    from okq.server.codec import _plain
+
+    ids = Produced([f"018b5e3c2a00-0123456789.{n}" for n in range(300)], duplicates or 0)
+    model = s.ProduceResponse.model_construct(queue_name="q", ids=ids, duplicates=duplicates)
+    assert s.produce_reply_plain("q", ids, duplicates) == msgpack.packb(
+        _plain(model.model_dump()), use_bin_type=True)
