@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 import msgspec
@@ -58,21 +58,23 @@ __all__ = [
 # -- states ----------------------------------------------------------------------
 
 # Item states in a lease object. An item with no entry is fresh: never leased.
-LEASED = "L"  # t = lease deadline; expired leases are as good as WAITING at t
-WAITING = "W"  # t = ready time (retried)
-DONE = "D"  # completed: a tombstone
-DEAD_PENDING = "X"  # being moved to the dead-letter queue; t = when that began
-DEAD = "Z"  # moved to the dead-letter queue (or dropped: no dead queue)
-OUTPUTS_PENDING = "P"  # completed; its outputs segment is being published; t = since
+# Module constants are ``Final``: compiled code reads them from C statics (any other
+# global is a lookup in the module's dict each time it is read).
+LEASED: Final = "L"  # t = lease deadline; expired leases are as good as WAITING at t
+WAITING: Final = "W"  # t = ready time (retried)
+DONE: Final = "D"  # completed: a tombstone
+DEAD_PENDING: Final = "X"  # being moved to the dead-letter queue; t = when that began
+DEAD: Final = "Z"  # moved to the dead-letter queue (or dropped: no dead queue)
+OUTPUTS_PENDING: Final = "P"  # completed; its outputs segment is being published; t = since
 
 #: States with a step still to take by whoever holds the item or walks past it.
-HALF_DONE = frozenset({DEAD_PENDING, OUTPUTS_PENDING})
+HALF_DONE: Final = frozenset({DEAD_PENDING, OUTPUTS_PENDING})
 #: States that keep a segment busy: not sealed, merged or expired meanwhile.
-IN_FLIGHT = frozenset({LEASED, *HALF_DONE})
+IN_FLIGHT: Final = frozenset({LEASED, *HALF_DONE})
 #: Terminal states in a segment: tombstones the compactor folds away.
-FINISHED = frozenset({DONE, DEAD})
+FINISHED: Final = frozenset({DONE, DEAD})
 #: States whose item is leasable at its ``t``: a lease once it expires, a retry once due.
-READY_STATES = frozenset({LEASED, WAITING})
+READY_STATES: Final = frozenset({LEASED, WAITING})
 
 
 @dataclass(slots=True, init=False)  # __init__ written out: a compiled build makes it native
@@ -242,14 +244,14 @@ def _map_header(n: int) -> bytes:
 
 
 #: One packer for every call (msgpack.packb makes one per call; ``pack`` holds the GIL).
-_PACKER = msgpack.Packer(use_bin_type=True)
+_PACKER: Final = msgpack.Packer(use_bin_type=True)
 #: An item state's list, as msgpack's packer writes it, in half the time (the
 #: same bytes: tests/unit/test_stored_bytes.py).
-_STATE_ENCODER = msgspec.msgpack.Encoder(enc_hook=as_msgpack_writes)
+_STATE_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=as_msgpack_writes)
 #: Item indexes as msgpack map keys, for the common sizes of a segment.
-_INDEX_BYTES = [msgpack.packb(i) for i in range(4096)]
+_INDEX_BYTES: Final = [msgpack.packb(i) for i in range(4096)]
 #: {"f": "lease", "v": FORMAT_VERSION, "segment": ...}: a map of 7, its first keys.
-_LEASE_HEAD = b"\x87" + _packb("f") + _packb("lease") + _packb("v") + _packb(FORMAT_VERSION) \
+_LEASE_HEAD: Final = b"\x87" + _packb("f") + _packb("lease") + _packb("v") + _packb(FORMAT_VERSION) \
     + _packb("segment")
 
 
@@ -314,7 +316,7 @@ def current(obj: LeaseObject, index: int, v: int) -> ItemState:
 
 
 #: How a lost lease describes an item that has left its queue (by whichever delivery).
-GONE_STATES = {DONE: "already completed", OUTPUTS_PENDING: "already completed",
+GONE_STATES: Final = {DONE: "already completed", OUTPUTS_PENDING: "already completed",
                DEAD_PENDING: "being dead-lettered", DEAD: "dead-lettered"}
 
 

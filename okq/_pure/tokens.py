@@ -33,6 +33,7 @@ import hmac as std_hmac
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import msgpack
 from cryptography.hazmat.primitives import constant_time, hashes, hmac
@@ -42,12 +43,12 @@ from okq.errors import InvalidRequest, InvalidToken
 
 __all__ = ["FORMATS", "MAC_BYTES", "Delivery", "TokenSigner", "generate_key", "key_id"]
 
-MAC_BYTES = 16
+MAC_BYTES: Final = 16
 #: The token layouts every node reads; a signer writes one of them.
-FORMATS = (1, 2)
-_PERSON_V2 = b"okq-token-v2"
+FORMATS: Final = (1, 2)
+_PERSON_V2: Final = b"okq-token-v2"
 #: One packer for every token (msgpack.packb makes one per call; ``pack`` holds the GIL).
-_PACKER = msgpack.Packer(use_bin_type=True)
+_PACKER: Final = msgpack.Packer(use_bin_type=True)
 
 
 @dataclass(slots=True, unsafe_hash=True, init=False)
@@ -72,8 +73,8 @@ class Delivery:
         self.v = v
 
 
-_TO_URLSAFE = bytes.maketrans(b"+/", b"-_")
-_FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_TO_URLSAFE: Final = bytes.maketrans(b"+/", b"-_")
+_FROM_URLSAFE: Final = bytes.maketrans(b"-_", b"+/")
 
 
 def _b64(data: bytes) -> str:
@@ -102,8 +103,8 @@ def _mac_bytes(text: str) -> bytes | None:
 
 
 #: A token body is a msgpack array of six: [kid, namespace, queue, segment, index, v].
-_HEAD = b"\x96"
-_SMALL_INTS: list[bytes] = [_PACKER.pack(i) for i in range(4096)]
+_HEAD: Final = b"\x96"
+_SMALL_INTS: Final[list[bytes]] = [_PACKER.pack(i) for i in range(4096)]
 
 
 def _packed_int(value: int) -> bytes:
