@@ -7,44 +7,45 @@ unpacked into a dict (nine keys decoded and interned), validated by
 ``LeasedItemOut``'s pydantic model (a Python call per payload, two datetimes
 parsed) and given its ``utf8`` through pydantic's ``__setattr__``: about 34,000
 instructions an item, most of the client's CPU per consumed message
-(benchmarks/bench_client_cpu.py). Here msgspec decodes the reply against
-typed declarations (``_Item``), matching keys without making new strings and
-parsing the times in C, with every field's type checked as it goes (a reply that
-does not fit raises ``msgspec.DecodeError``); each item's dict of checked values
-then becomes the ``__dict__`` of the ``LeasedItemOut`` the user gets, built
-without a second validation. The result is the same model,
-with the same attribute values, as validating the reply with ``LeaseResponse``
-and filling in ``utf8`` (tests/unit/test_replies.py holds them equal, msgpack and
-JSON). The node's replies are unchanged: the same bytes as before are read.
+(benchmarks/bench_client_cpu.py). Here msgspec decodes the reply into a struct
+per item (``_Item``), matching keys without making new strings and parsing the
+times in C, with every field's type checked as it goes (a reply that does not fit
+raises ``msgspec.DecodeError``); each item's checked values then become, in the
+model's order, the ``__dict__`` of the ``LeasedItemOut`` the user gets, built
+without a second validation. The result is the same model, with the same
+attribute values, as validating the reply with ``LeaseResponse`` and filling in
+``utf8`` (tests/unit/test_replies.py holds them equal, msgpack and JSON). The
+node's replies are unchanged: the same bytes as before are read.
 """
 
 from __future__ import annotations
 
 import builtins
 from datetime import datetime
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
+from pydantic import BaseModel
 
 from okq.wire import LeasedItemOut
 
 
-class _Item(TypedDict):
+class _Item(msgspec.Struct):
     """A leased item as the node sends it (``okq.wire.leased_item_plain``; a JSON reply
-    also carries ``utf8``, and its ``bytes`` as base64). Decoded as a dict of checked
-    values, it becomes the item's ``__dict__``. Unknown keys are skipped, so a newer
-    node may add some."""
+    also carries ``utf8``, and its ``bytes`` as base64). Unknown keys are skipped, so
+    a newer node may add some; UNSET marks a key the reply left out."""
 
     id: str
     token: str
     attempts: int
     lease_deadline: datetime
     produced_at: datetime
-    enqueue_at: NotRequired[datetime | None]
     bytes: builtins.bytes
-    utf8: NotRequired[str | None]
-    meta: NotRequired[dict[str, Any] | None]
-    headers: NotRequired[dict[str, str]]
+    enqueue_at: datetime | None = None
+    utf8: str | None | UnsetType = UNSET
+    meta: dict[str, Any] | None = None
+    headers: dict[str, str] | UnsetType = UNSET
 
 
 class _LeaseReply(msgspec.Struct):
@@ -62,13 +63,18 @@ _LEASE: dict[str, msgspec.msgpack.Decoder[_LeaseReply] | msgspec.json.Decoder[_L
     "json": msgspec.json.Decoder(_LeaseReply),
 }
 _PRODUCE = msgspec.msgpack.Decoder(_ProduceReply)
-#: LeasedItemOut's fields in their order: every one is set on every item, as
-#: validation would have it, and in this order (the JSON of ``model_dump_json``).
-_ORDER = tuple(LeasedItemOut.model_fields)
-#: The fields set on an item whose reply left ``headers`` out (it has none).
-_NO_HEADERS = frozenset(_ORDER) - {"headers"}
+#: LeasedItemOut's fields: every one is set on every item, as validation would
+#: have it (the dict below lists them in the model's order: the JSON of
+#: ``model_dump_json``), but ``headers`` when the reply left them out (none).
+_ALL_SET = frozenset(LeasedItemOut.model_fields)
+_NO_HEADERS_SET = _ALL_SET - {"headers"}
 _new = LeasedItemOut.__new__
-_set = object.__setattr__
+# A model's slots, set through their descriptors: a third cheaper than
+# object.__setattr__, which looks each up through the class's MRO.
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def leased_items(raw: bytes, kind: str = "msgpack") -> list[LeasedItemOut]:
@@ -81,25 +87,24 @@ def leased_items(raw: bytes, kind: str = "msgpack") -> list[LeasedItemOut]:
     attributes), without its per-field loop: the values were checked as they were
     decoded. One loop, no call per item: this is the client's hottest code."""
     items = []
-    for fields in cast(list[dict[str, Any]], _LEASE[kind].decode(raw).items):
-        utf8 = fields.get("utf8")
-        if utf8 is None:  # a msgpack reply carries the payload once, as bytes
+    for it in _LEASE[kind].decode(raw).items:
+        utf8 = it.utf8
+        if utf8 is UNSET:  # a msgpack reply carries the payload once, as bytes
             try:
-                utf8 = fields["bytes"].decode()
+                utf8 = it.bytes.decode()
             except UnicodeDecodeError:
                 utf8 = None
-        meta = fields.pop("meta", None)  # the node's order, with utf8 before meta
-        headers = fields.pop("headers", None)  # sent only when there are some
-        fields["utf8"] = utf8
-        fields["meta"] = meta
-        fields["headers"] = {} if headers is None else headers
-        if tuple(fields) != _ORDER:  # another order, or enqueue_at left out (None)
-            fields = {name: fields.get(name) for name in _ORDER}
+        headers = it.headers
         item = _new(LeasedItemOut)
-        _set(item, "__dict__", fields)
-        _set(item, "__pydantic_fields_set__", set(_ORDER if headers is not None else _NO_HEADERS))
-        _set(item, "__pydantic_extra__", None)
-        _set(item, "__pydantic_private__", None)
+        _set_dict(item, {
+            "id": it.id, "token": it.token, "attempts": it.attempts,
+            "lease_deadline": it.lease_deadline, "produced_at": it.produced_at,
+            "enqueue_at": it.enqueue_at, "bytes": it.bytes, "utf8": utf8, "meta": it.meta,
+            "headers": {} if headers is UNSET else headers,
+        })
+        _set_fields_set(item, set(_NO_HEADERS_SET if headers is UNSET else _ALL_SET))
+        _set_extra(item, None)
+        _set_private(item, None)
         items.append(item)
     return items
 
