@@ -830,6 +830,13 @@ def _scan_order(m: Manifest) -> tuple[list[SegmentMeta], Groups]:
 
 
 def _fresh(sm: SegmentMeta, seg: Segment) -> list[tuple[int, int, int]]:
-    """Every item of a segment as a never-leased candidate: (order, index, due)."""
-    return [(fresh_ready_ms(sm, item), idx, fresh_due_ms(sm, item))
-            for idx, item in enumerate(seg.items[:sm.count])]
+    """Every item of a segment as a never-leased candidate: (order, index, due), as
+    ``fresh_ready_ms`` and ``fresh_due_ms`` tell them (written out here: two calls
+    an item were most of the work)."""
+    created = sm.created_ms
+    out = []
+    for idx, item in enumerate(seg.items[:sm.count]):
+        born = created if item.born_ms is None else item.born_ms
+        at = item.enqueue_at_ms
+        out.append((born, idx, 0) if at is None or at <= born else (at, idx, at))
+    return out

@@ -327,8 +327,24 @@ _PLAIN_ENCODER = msgspec.msgpack.Encoder()
 
 
 def lease_reply_plain(queue: str, items: Sequence[Leased]) -> builtins.bytes:
-    """A lease's msgpack reply (the hot path): a struct per item, no model."""
-    return _PLAIN_ENCODER.encode(LeaseReplyPlain(queue, [leased_item_plain(i) for i in items]))
+    """A lease's msgpack reply (the hot path): a struct per item, no model. Each is
+    ``leased_item_plain``'s, written out in one loop: a batch shares its deadline and
+    a segment's items their produce time, so a time is spelt again only when it
+    changes."""
+    plain = []
+    deadline_ms = produced_ms = -1
+    deadline = produced = ""
+    for i in items:
+        if i.lease_deadline_ms != deadline_ms:
+            deadline_ms, deadline = i.lease_deadline_ms, iso_time(i.lease_deadline_ms)
+        if i.produced_ms != produced_ms:
+            produced_ms, produced = i.produced_ms, iso_time(i.produced_ms)
+        meta, headers = split_meta(i.meta) if i.meta else (i.meta, None)
+        plain.append(LeasedItemPlain(
+            i.id, i.token, i.attempts, deadline, produced,
+            None if i.enqueue_at_ms is None else iso_time(i.enqueue_at_ms), i.payload, meta,
+            headers or None))
+    return _PLAIN_ENCODER.encode(LeaseReplyPlain(queue, plain))
 
 
 def produce_reply_plain(queue: str, ids: list[str], duplicates: int | None) -> builtins.bytes:

@@ -37,6 +37,7 @@ from okq.model import (
     encode_chunk,
     encode_manifest,
     encode_segment,
+    fresh_due_ms,
     fresh_ready_ms,
     new_nonce,
 )
@@ -251,6 +252,22 @@ def test_segment_meta_first_ready() -> None:
 def test_fresh_ready_ms(born: int | None, enqueue_at: int | None, ready: int) -> None:
     sm = SegmentMeta("s", 1, 1_000, 3)
     assert fresh_ready_ms(sm, SegmentItem(b"", enqueue_at, None, born)) == ready
+
+
+_MS = st.integers(min_value=0, max_value=2_000)
+
+
+@given(created=_MS, items=st.lists(st.tuples(st.none() | _MS, st.none() | _MS), max_size=12))
+def test_a_segments_fresh_candidates_are_its_items_ready_and_due_times(
+        created: int, items: list[tuple[int | None, int | None]]) -> None:
+    """The lease walk's candidates of a never-leased segment (written out for speed)."""
+    from okq.scheduler import _fresh
+
+    seg = Segment("s", "q", created, created,
+                  [SegmentItem(b"", at, None, born) for born, at in items] + [SegmentItem(b"")])
+    sm = SegmentMeta("s", len(items), created, 3)  # the last item is past the count
+    assert _fresh(sm, seg) == [(fresh_ready_ms(sm, item), n, fresh_due_ms(sm, item))
+                               for n, item in enumerate(seg.items[:len(items)])]
 
 
 def test_new_nonce_is_random_hex() -> None:

@@ -248,3 +248,12 @@ def test_a_produce_reply_is_the_bytes_its_model_makes(duplicates: int | None) ->
     model = s.ProduceResponse.model_construct(queue_name="q", ids=ids, duplicates=duplicates)
     assert s.produce_reply_plain("q", ids, duplicates) == msgpack.packb(
         _plain(model.model_dump()), use_bin_type=True)
+
+
+def test_a_lease_reply_is_each_items_plain_struct() -> None:
+    """The reply's loop writes ``leased_item_plain`` out, spelling a time once per run
+    of items that share it: the same bytes, whatever the times of neighbours."""
+    items = engine_items() + engine_items()[::-1]
+    items[3].lease_deadline_ms += 1  # a deadline that differs from its neighbours'
+    want = msgspec.msgpack.encode(s.LeaseReplyPlain("q", [s.leased_item_plain(i) for i in items]))
+    assert s.lease_reply_plain("q", items) == want
