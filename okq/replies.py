@@ -43,7 +43,7 @@ class _Item(msgspec.Struct):
     produced_at: datetime
     bytes: builtins.bytes
     enqueue_at: datetime | None = None
-    utf8: str | None | UnsetType = UNSET
+    utf8: str | UnsetType | None = UNSET
     meta: dict[str, Any] | None = None
     headers: dict[str, str] | UnsetType = UNSET
 

@@ -28,7 +28,6 @@ from okq.model import (
     Segment,
     SegmentMeta,
     fresh_due_ms,
-    fresh_ready_ms,
     group_of,
     new_request_id,
 )

@@ -251,8 +251,8 @@ _STATE_ENCODER: Final = msgspec.msgpack.Encoder(enc_hook=as_msgpack_writes)
 #: Item indexes as msgpack map keys, for the common sizes of a segment.
 _INDEX_BYTES: Final = [msgpack.packb(i) for i in range(4096)]
 #: {"f": "lease", "v": FORMAT_VERSION, "segment": ...}: a map of 7, its first keys.
-_LEASE_HEAD: Final = b"\x87" + _packb("f") + _packb("lease") + _packb("v") + _packb(FORMAT_VERSION) \
-    + _packb("segment")
+_LEASE_HEAD: Final = b"\x87" + _packb("f") + _packb("lease") + _packb("v") \
+    + _packb(FORMAT_VERSION) + _packb("segment")
 
 
 def _index(raw: Any) -> int:
