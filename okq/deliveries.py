@@ -24,7 +24,7 @@ from okq.model import (
     new_request_id,
 )
 from okq.publisher import NewItem
-from okq.tokens import Delivery, TokenSigner
+from okq.tokens import Delivery, TokenSigner, by_lease_object
 
 if TYPE_CHECKING:
     from okq.finishers import Finishers
@@ -126,34 +126,32 @@ class Deliveries:
         """Complete deliveries. Each token is applied on its own; if any lease was
         lost, LeaseLost is raised after the others landed, naming the failures."""
         self.rt.check_batch(len(tokens), "tokens")
-        parsed = self.deliveries(tokens, queue, "tokens[{n}]")
+        ds = self.signer.verify_many(tokens, self.rt.ns, queue, "tokens[{n}]")
         # One change per lease object: a batch leased together completes in one step.
-        groups: dict[tuple[str, str], list[int]] = {}
-        for n, (d, q) in enumerate(parsed):
-            groups.setdefault((q.name, d.segment), []).append(n)
-        calls = [
-            self.rt.lease_cell(parsed[ns[0]][1], parsed[ns[0]][0].segment).update(
-                _completions([parsed[n][0] for n in ns]))
-            for ns in groups.values()
-        ]
-        answers = await asyncio.gather(*calls, return_exceptions=True)
-        results: list[object] = [None] * len(parsed)
+        groups = by_lease_object(ds)
+        queues: dict[str, QueueRuntime] = {}
+        for name, _, _, _ in groups:
+            if name not in queues:
+                queues[name] = self.rt.queue(name)
+        answers = await asyncio.gather(*(
+            self.rt.lease_cell(queues[name], segment).update(_completions(members))
+            for name, segment, _, members in groups), return_exceptions=True)
+        results: list[object] = [None] * len(ds)
         refused = False
-        for ns, answer in zip(groups.values(), answers, strict=True):
+        for (_, _, at, _), answer in zip(groups, answers, strict=True):
             if isinstance(answer, BaseException):
                 raise answer
             if answer.count(None) != len(answer):
                 refused = True
-                for n, r in zip(ns, answer, strict=True):
+                for n, r in zip(at, answer, strict=True):
                     results[n] = r
-        queues = {parsed[ns[0]][1].name: parsed[ns[0]][1] for ns in groups.values()}
         for q in queues.values():
             if q.waiters:
                 m = q.manifest.view()
                 if m is not None and m.config.fifo:
                     self.rt.wake(q)  # a group held by what was completed may be free now
         if refused:
-            await self._refused(parsed, results)
+            await self._refused([(d, queues[d.queue]) for d in ds], results)
 
     async def _refused(self, parsed: list[tuple[Delivery, QueueRuntime]],
                        results: list[object]) -> None:

@@ -74,6 +74,7 @@ from okq.manifest_ops import merged_config
 from okq.model import QueueConfig, group_of
 from okq.publisher import NewItem, Place, Produced
 from okq.sequencer import Sequencer
+from okq.tokens import shared_head
 from okq.views import BrowsedItem, QueueStats
 
 log = logging.getLogger("okq.partitions")
@@ -433,6 +434,14 @@ class Spread:
     def _partitions(self, queue: str, tokens: Sequence[str]) -> dict[str, list[int]] | None:
         """The entries of ``tokens`` by the partition of ``queue`` each names; None
         when all name the queue itself (or none names a partition of it)."""
+        prefix = queue + PARTITION_SEP
+        shared = shared_head(tokens)
+        if shared is not None:  # a batch's tokens of one segment, the commonest case
+            name = self._token_queue(tokens[0])
+            if name is None or not name.startswith(prefix):
+                return None
+            whose = name if split_partition(name)[0] == queue else queue
+            return {whose: list(range(len(tokens)))}
         names: list[str | None] = []
         head, name = "", None  # a batch's tokens of one segment share their head
         for t in tokens:
@@ -440,7 +449,6 @@ class Spread:
                 name = self._token_queue(t)
                 head = t.partition(".")[0] + "." if isinstance(t, str) else ""
             names.append(name)
-        prefix = queue + PARTITION_SEP
         if not any(name is not None and name.startswith(prefix) for name in names):
             return None
         groups: dict[str, list[int]] = {}

@@ -494,7 +494,7 @@ class Scheduler:
 def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg: Segment,
                   leased: list[tr.Leased]) -> list[LeasedItem]:
     """What a lease hands out for ``leased`` items of one segment, tokens signed."""
-    tokens = signer.sign_many(ns, queue, sm.id, [(x.index, x.v) for x in leased])
+    tokens = signer.sign_many(ns, queue, sm.id, tr.deliveries_of(leased))
     return tr.leased_items(queue, sm, seg.items, leased, tokens)
 
 

@@ -49,8 +49,8 @@ __all__ = [
     "DEAD", "DEAD_PENDING", "DONE", "FINISHED", "GONE_STATES", "HALF_DONE", "IN_FLIGHT", "LEASED",
     "OUTPUTS_PENDING", "READY_STATES", "WAITING", "ItemState", "LeaseObject", "Leased",
     "LeasedItem", "SealRefused", "abandon_outputs", "carried", "classify", "complete",
-    "complete_many", "current", "decode_lease", "encode_lease", "exhausted", "expire",
-    "finish_dead", "finish_outputs", "is_available", "is_finished", "is_idle", "lease",
+    "complete_many", "current", "decode_lease", "deliveries_of", "encode_lease", "exhausted",
+    "expire", "finish_dead", "finish_outputs", "is_available", "is_finished", "is_idle", "lease",
     "leased_items", "left_queue", "ready_at", "recognise", "renew", "retry", "retry_attempts",
     "seal", "summarise",
 ]
@@ -201,6 +201,11 @@ def leased_items(queue: str, sm: SegmentMeta, items: list[SegmentItem], leased: 
                               born if born else created, item.enqueue_at_ms, item.meta,
                               x.first_ms, sm.item_seq(index, item)))
     return out
+
+
+def deliveries_of(leased: list[Leased]) -> list[tuple[int, int]]:
+    """(index, v) of each leased item: what its token names of it."""
+    return [(x.index, x.v) for x in leased]
 
 
 class SealRefused(OkqError):

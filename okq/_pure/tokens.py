@@ -41,7 +41,8 @@ from mypy_extensions import mypyc_attr
 
 from okq.errors import InvalidRequest, InvalidToken
 
-__all__ = ["FORMATS", "MAC_BYTES", "Delivery", "TokenSigner", "generate_key", "key_id"]
+__all__ = ["FORMATS", "MAC_BYTES", "Delivery", "TokenSigner", "by_lease_object", "generate_key",
+           "key_id", "shared_head"]
 
 MAC_BYTES: Final = 16
 #: The token layouts every node reads; a signer writes one of them.
@@ -289,6 +290,47 @@ def _decimal(text: str) -> int | None:
             or text == "-0":
         return None
     return int(text)
+
+
+def by_lease_object(ds: list[Delivery]) -> list[tuple[str, str, list[int], list[Delivery]]]:
+    """Deliveries by the lease object they change: (queue, segment, their positions in
+    ``ds``, they), in the order each object is first named. A lease's tokens come
+    back together, so a run of one segment is one group."""
+    groups: dict[tuple[str, str], tuple[list[int], list[Delivery]]] = {}
+    queue = segment = ""
+    at: list[int] = []
+    members: list[Delivery] = []
+    for n, d in enumerate(ds):
+        if not at or d.segment != segment or d.queue != queue:
+            queue, segment = d.queue, d.segment
+            found = groups.get((queue, segment))
+            if found is None:
+                at, members = [], []
+                groups[(queue, segment)] = (at, members)
+            else:
+                at, members = found
+        at.append(n)
+        members.append(d)
+    return [(key[0], key[1], group[0], group[1]) for key, group in groups.items()]
+
+
+def shared_head(tokens: Sequence[object]) -> str | None:
+    """The head that every one of ``tokens`` starts with (its text up to and with its
+    first "."): the tokens of one lease of one segment share theirs. None when
+    they do not all share one, or one is not a string."""
+    if not tokens:
+        return None
+    first = tokens[0]
+    if not isinstance(first, str):
+        return None
+    cut = first.find(".")
+    if cut < 0:
+        return None
+    head = first[:cut + 1]
+    for token in tokens:
+        if not isinstance(token, str) or not token.startswith(head):
+            return None
+    return head
 
 
 def generate_key() -> bytes:

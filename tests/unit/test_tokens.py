@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from okq.errors import InvalidToken
-from okq.tokens import Delivery, TokenSigner, key_id
+from okq.tokens import Delivery, TokenSigner, by_lease_object, key_id, shared_head
 from tests.engines import property_examples
 
 #: Each test runs on the pure and the compiled hot path (tests/unit/conftest.py).
@@ -395,3 +395,26 @@ def test_verify_many_names_the_entry_that_failed() -> None:
     with pytest.raises(InvalidToken, match=r"tokens\[2\] has a bad signature") as caught:
         signer.verify_many([good, good, good[:-1] + "0"], "ns", None, "tokens[{n}]")
     assert caught.value.details["field"] == "tokens[2]"
+
+
+def test_deliveries_are_grouped_by_the_lease_object_they_change() -> None:
+    a0, a1, b0, c0 = (Delivery("ns", "q", "A", 0, 1), Delivery("ns", "q", "A", 1, 1),
+                      Delivery("ns", "q", "B", 0, 2), Delivery("ns", "r", "A", 0, 1))
+    groups = by_lease_object([a0, b0, a1, c0, b0])
+    assert groups == [("q", "A", [0, 2], [a0, a1]), ("q", "B", [1, 4], [b0, b0]),
+                      ("r", "A", [3], [c0])]
+    assert by_lease_object([]) == []
+
+
+@pytest.mark.parametrize(("tokens", "head"), [
+    (["h.1.1.m", "h.2.1.m", "h.3.2.m"], "h."),
+    (["h.1.1.m"], "h."),
+    (["h.1.1.m", "g.1.1.m"], None),
+    (["h.1.1.m", "hh.1.1.m"], None),
+    (["h.1.1.m", 7], None),
+    ([7, "h.1.1.m"], None),
+    (["no-dot"], None),
+    ([], None),
+])
+def test_a_batchs_shared_head(tokens: list[object], head: str | None) -> None:
+    assert shared_head(tokens) == head
