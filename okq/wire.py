@@ -202,15 +202,34 @@ def plain_produce(data: builtins.bytes) -> tuple[str, list[builtins.bytes]] | No
     return body.queue_name, [item.bytes for item in body.items]
 
 
-def plain_tokens(body: dict[str, Any]) -> tuple[str, list[str]] | None:
-    """The queue and tokens of a complete without outputs, read without a model;
-    None for any other body."""
-    name, tokens = body.get("queue_name"), body.get("tokens")
-    if len(body) != 2 or not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name) \
-            or type(tokens) is not list or not tokens \
-            or not all(type(t) is str for t in tokens):
+class _PlainComplete(msgspec.Struct, forbid_unknown_fields=True):
+    queue_name: str
+    tokens: list[str]
+
+
+_PLAIN_COMPLETE = msgspec.msgpack.Decoder(_PlainComplete)
+
+
+def plain_tokens(data: builtins.bytes) -> tuple[str, list[str]] | None:
+    """The queue and tokens of a complete without outputs, a msgpack body decoded by
+    msgspec straight from the bytes; None for any other body (another key, no
+    tokens, a token that is not a string, a bad queue name, not msgpack), which the
+    model then reads."""
+    try:
+        body = _PLAIN_COMPLETE.decode(data)
+    except msgspec.DecodeError:  # its ValidationError too
         return None
-    return name, tokens
+    if not body.tokens or not _QUEUE_NAME.fullmatch(body.queue_name):
+        return None
+    return body.queue_name, body.tokens
+
+
+def complete_reply_plain(queue: str, completed: int,
+                         output_ids: list[str] | None) -> builtins.bytes:
+    """A complete's msgpack reply: the bytes ``CompleteResponse`` makes through
+    ``okq.server.codec.respond``, without the model."""
+    return _PLAIN_ENCODER.encode({"queue_name": queue, "completed": completed,
+                                  "output_ids": output_ids})
 
 
 class ProduceResponse(Reply):

@@ -227,18 +227,21 @@ async def renew(request: web.Request) -> web.Response:
 
 
 async def complete(request: web.Request) -> web.Response:
-    raw = await read_body(request)
-    plain = s.plain_tokens(raw)
+    kind = body_format(request)
+    data = await read_bytes(request)
+    plain = s.plain_tokens(data) if kind == "msgpack" else None
     outputs = None
     if plain is not None:  # tokens and nothing else: no model
         queue, tokens = plain
     else:
-        body = _validate(raw, s.CompleteRequest)
+        body = _validate(decode_body(data, kind), s.CompleteRequest)
         queue, tokens = body.queue_name, body.tokens
         if body.outputs is not None:
             outputs = Outputs(body.outputs.queue_name,
                               await _new_items(request, body.outputs.items, keys=False))
     output_ids = await run(request, ops.Complete(queue, tokens, outputs))
+    if wants_msgpack(request):
+        return respond_msgpack(s.complete_reply_plain(queue, len(tokens), output_ids))
     return respond(request, s.CompleteResponse.model_construct(
         queue_name=queue, completed=len(tokens), output_ids=output_ids))
 
