@@ -33,6 +33,8 @@ R = TypeVar("R")
 
 def check_repeats(tokens: Sequence[str], pattern: str) -> None:
     """InvalidRequest when a token appears twice (``pattern`` names the n-th)."""
+    if len(set(tokens)) == len(tokens):
+        return  # the commonest case, found without a loop here
     seen: dict[str, int] = {}
     for n, token in enumerate(tokens):
         if token in seen:

@@ -437,7 +437,7 @@ class Scheduler:
                            *((cached[1].layout, cached[1].groups) if cached is not None
                              else (None, None)))
         q.summaries[sm.id] = (cell.data, summary)
-        if not summary.ready and not summary.inflight and _all_finished(obj, sm.count):
+        if not summary.ready and not summary.inflight and tr.all_finished(obj, sm.count):
             q.finished.add(sm.id)
         return summary
 
@@ -496,15 +496,6 @@ def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg
     """What a lease hands out for ``leased`` items of one segment, tokens signed."""
     tokens = signer.sign_many(ns, queue, sm.id, tr.deliveries_of(leased))
     return tr.leased_items(queue, sm, seg.items, leased, tokens)
-
-
-def _all_finished(obj: LeaseObject, count: int) -> bool:
-    """Whether every one of the segment's ``count`` items is done or dead-lettered:
-    terminal states, so no later version of its lease object can make one leasable.
-    (A sealed object's summary is empty too, but its items are not all finished.)"""
-    states = obj.items
-    return not obj.sealed and all(
-        (st := states.get(idx)) is not None and st.s in tr.FINISHED for idx in range(count))
 
 
 def _forget_dropped(q: QueueRuntime, m: Manifest) -> None:

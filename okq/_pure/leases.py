@@ -48,9 +48,10 @@ from okq.model import (
 __all__ = [
     "DEAD", "DEAD_PENDING", "DONE", "FINISHED", "GONE_STATES", "HALF_DONE", "IN_FLIGHT", "LEASED",
     "OUTPUTS_PENDING", "READY_STATES", "WAITING", "ItemState", "LeaseObject", "Leased",
-    "LeasedItem", "SealRefused", "abandon_outputs", "carried", "classify", "complete",
-    "complete_many", "current", "decode_lease", "deliveries_of", "encode_lease", "exhausted",
-    "expire", "finish_dead", "finish_outputs", "is_available", "is_finished", "is_idle", "lease",
+    "LeasedItem", "SealRefused", "abandon_outputs", "all_finished", "carried", "classify",
+    "complete", "complete_many", "current", "decode_lease", "deliveries_of", "encode_lease",
+    "exhausted", "expire", "finish_dead", "finish_outputs", "is_available", "is_finished",
+    "is_idle", "lease",
     "leased_items", "left_queue", "ready_at", "recognise", "renew", "retry", "retry_attempts",
     "seal", "summarise",
 ]
@@ -191,16 +192,33 @@ def leased_items(queue: str, sm: SegmentMeta, items: list[SegmentItem], leased: 
     if len(tokens) != len(leased):
         raise ValueError(f"{len(leased)} items leased, {len(tokens)} tokens")
     out: list[LeasedItem] = []
-    segment, created = sm.id, sm.created_ms
+    segment, created, first_seq = sm.id, sm.created_ms, sm.seq
     for n, x in enumerate(leased):
         index = x.index
         item = items[index]
         born = item.born_ms
+        seq = item.seq  # SegmentMeta.item_seq, inlined
+        if seq is None and first_seq is not None:
+            seq = first_seq + index
         out.append(LeasedItem(f"{segment}.{index}",  # okq.keys.item_id, inlined
                               queue, tokens[n], x.attempts, x.deadline_ms, item.payload,
                               born if born else created, item.enqueue_at_ms, item.meta,
-                              x.first_ms, sm.item_seq(index, item)))
+                              x.first_ms, seq))
     return out
+
+
+def all_finished(obj: LeaseObject, count: int) -> bool:
+    """Whether every one of a segment's ``count`` items is done or dead-lettered:
+    terminal states, so no later version of its lease object can make one leasable.
+    (A sealed object's summary is empty too, but its items are not all finished.)"""
+    if obj.sealed:
+        return False
+    states = obj.items
+    for index in range(count):
+        st = states.get(index)
+        if st is None or st.s not in FINISHED:
+            return False
+    return True
 
 
 def deliveries_of(leased: list[Leased]) -> list[tuple[int, int]]:

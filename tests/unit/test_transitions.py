@@ -552,3 +552,13 @@ def test_random_sequences_keep_the_invariants(
                 assert op[0] != "lease" or new == old, "a sealed object leased an item"
             if max_attempts:
                 assert new.attempts <= max_attempts
+
+
+def test_a_segment_is_all_finished_when_each_item_is_done_or_dead() -> None:
+    done, dead = tr.ItemState(tr.DONE, 1, 1, 0), tr.ItemState(tr.DEAD, 2, 2, 0)
+    leased = tr.ItemState(tr.LEASED, 1, 1, 0)
+    assert tr.all_finished(tr.LeaseObject("s", {0: done, 1: dead}), 2)
+    assert tr.all_finished(tr.LeaseObject("s", {0: done, 1: dead, 2: leased}), 2)  # past count
+    assert not tr.all_finished(tr.LeaseObject("s", {0: done}), 2)  # item 1 never leased
+    assert not tr.all_finished(tr.LeaseObject("s", {0: done, 1: leased}), 2)
+    assert not tr.all_finished(tr.LeaseObject("s", {0: done, 1: dead}, sealed=True), 2)
