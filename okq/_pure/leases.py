@@ -236,22 +236,36 @@ class SealRefused(OkqError):
 def encode_lease(o: LeaseObject) -> bytes:
     """The lease object as ``okq.model.pack_object`` would write it, its item map
     joined from each state's cached bytes: a write packs only the states that are
-    new since the last one (a segment's tombstones pile up until compaction)."""
-    items = b"".join([
-        p[1] if (p := st.packed) is not None and p[0] == index else _pack_state(index, st)
-        for index, st in o.items.items()
-    ])
+    new since the last one (a segment's tombstones pile up until compaction). The
+    new states of one request are mostly alike (a lease's: L, the same deadline,
+    request and first lease time; a completion's: D at one time), so a state whose
+    fields are those of the last one packed reuses its encoding."""
+    parts: list[bytes] = []
+    last: ItemState | None = None
+    last_state = b""
+    for index, st in o.items.items():
+        p = st.packed
+        if p is not None and p[0] == index:
+            parts.append(p[1])
+            continue
+        if last is None or not _alike(st, last):
+            last, last_state = st, _STATE_ENCODER.encode(st.pack())
+        key = _INDEX_BYTES[index] if index < len(_INDEX_BYTES) else _packb(index)
+        packed = key + last_state
+        st.packed = (index, packed)
+        parts.append(packed)
+    items = b"".join(parts)
     return b"".join([
         _LEASE_HEAD, _packb(o.segment), b"\xa5items", _map_header(len(o.items)), items,
         b"\xa3ver", _packb(o.ver), b"\xa5nonce", _packb(o.nonce), b"\xa6sealed", _packb(o.sealed),
     ])
 
 
-def _pack_state(index: int, st: ItemState) -> bytes:
-    key = _INDEX_BYTES[index] if index < len(_INDEX_BYTES) else _packb(index)
-    packed = key + _STATE_ENCODER.encode(st.pack())
-    st.packed = (index, packed)
-    return packed
+def _alike(a: ItemState, b: ItemState) -> bool:
+    """Whether two states encode alike (``out``, a list, only when neither has one)."""
+    return a.s == b.s and a.v == b.v and a.attempts == b.attempts and a.t == b.t \
+        and a.err == b.err and a.out is None and b.out is None and a.rq == b.rq \
+        and a.first == b.first
 
 
 def _packb(value: Any) -> bytes:

@@ -163,3 +163,30 @@ def test_any_lease_object_is_written_as_msgpack_writes_its_fields(
         "items": {index: state.pack() for index, state in states.items()},
         "ver": 3, "nonce": "n", "sealed": False}, use_bin_type=True)
     assert encode_lease(obj) == reference
+
+
+
+def test_a_lease_objects_alike_states_are_written_as_msgpack_writes_them() -> None:
+    """A request's new states are mostly alike and share one encoding: runs of alike
+    states, broken by others (another v, deadline, error, request, first time or
+    outputs), are written as msgpack writes each, then again from the cache."""
+    t = 1_764_669_600_000
+    kinds = [ItemState(LEASED, 1, 1, t, rq="r1", first=t - 5),
+             ItemState(LEASED, 2, 2, t, rq="r1", first=t - 5),
+             ItemState(LEASED, 1, 1, t + 1, rq="r1", first=t - 5),
+             ItemState(DONE, 1, 1, t), ItemState(DONE, 1, 1, t, "boom"),
+             ItemState(OUTPUTS_PENDING, 1, 1, t, None, ["q", SEG, 1, t, 9]),
+             ItemState(OUTPUTS_PENDING, 1, 1, t, None, ["q", SEG, 2, t, 9]),
+             ItemState(WAITING, 1, 1, t, rq="r2"), ItemState(WAITING, 1, 1, t, rq="r2", first=t)]
+    states: dict[int, ItemState] = {}
+    for n in range(300):
+        kind = kinds[(n // 7) % len(kinds)] if n % 5 else kinds[n % len(kinds)]
+        states[n] = ItemState(kind.s, kind.v, kind.attempts, kind.t, kind.err, kind.out,
+                              kind.rq, kind.first)  # each item a state of its own
+    obj = LeaseObject(SEG, states, ver=4, nonce="n", sealed=False)
+    reference = msgpack.packb({
+        "f": "lease", "v": FORMAT_VERSION, "segment": SEG,
+        "items": {index: state.pack() for index, state in states.items()},
+        "ver": 4, "nonce": "n", "sealed": False}, use_bin_type=True)
+    assert encode_lease(obj) == reference
+    assert encode_lease(obj) == reference  # from the cached bytes
