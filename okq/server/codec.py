@@ -65,6 +65,8 @@ def decode(data: bytes, kind: str) -> Any:
 async def read_bytes(request: web.Request) -> bytes:
     """The body, within the node's --request-read-timeout: a client that trickles
     its body is cut off (408) instead of holding a handler."""
+    if request.content.is_eof():  # all of it came with the headers: nothing to wait for
+        return await request.read()
     timeout = request.app[SETTINGS].request_read_timeout
     try:
         return await asyncio.wait_for(request.read(), timeout)

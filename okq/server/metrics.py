@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -60,6 +61,21 @@ class Metrics:
             ["operation"], registry=r,
         )
         self.queue_stats: dict[str, QueueStats] = {}
+        self._counted: dict[tuple[str, int], Any] = {}
+        self._timed: dict[str, Any] = {}
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        """Count a request and its latency, through the labelled children kept here:
+        ``labels`` checks the labels and takes a lock on every call."""
+        counted = self._counted.get((endpoint, status))
+        if counted is None:
+            counted = self._counted[(endpoint, status)] = self.requests.labels(endpoint,
+                                                                               str(status))
+        timed = self._timed.get(endpoint)
+        if timed is None:
+            timed = self._timed[endpoint] = self.latency.labels(endpoint)
+        counted.inc()
+        timed.observe(seconds)
 
     def watch(self, engine: Engine, store: CountingStore,
               sequencer: Sequencer | None = None) -> None:

@@ -40,8 +40,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         else "unmatched"
     began = time.perf_counter()
     response = await _handle(request, handler)
-    metrics.requests.labels(endpoint, str(response.status)).inc()
-    metrics.latency.labels(endpoint).observe(time.perf_counter() - began)
+    metrics.observe_request(endpoint, response.status, time.perf_counter() - began)
     return response
 
 
