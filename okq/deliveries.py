@@ -7,8 +7,8 @@ retry that moves the item to the dead-letter path hands it to the finishers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from okq import leases as tr
 from okq.errors import (
@@ -29,6 +29,9 @@ from okq.tokens import Delivery, TokenSigner, by_lease_object
 if TYPE_CHECKING:
     from okq.finishers import Finishers
     from okq.runtime import QueueRuntime, Runtime
+
+
+T = TypeVar("T")
 
 
 class Deliveries:
@@ -133,9 +136,9 @@ class Deliveries:
         for name, _, _, _ in groups:
             if name not in queues:
                 queues[name] = self.rt.queue(name)
-        answers = await asyncio.gather(*(
+        answers = await _all_answers([
             self.rt.lease_cell(queues[name], segment).update(_completions(members))
-            for name, segment, _, members in groups), return_exceptions=True)
+            for name, segment, _, members in groups])
         results: list[object] = [None] * len(ds)
         refused = False
         for (_, _, at, _), answer in zip(groups, answers, strict=True):
@@ -215,6 +218,17 @@ class Deliveries:
             await self.finishers.help_dead(q, sm, d.index, cfg if fresh else None)
         self.rt.wake(q)
         return to_dead
+
+
+async def _all_answers(calls: list[Coroutine[Any, Any, T]]) -> list[T | BaseException]:
+    """``asyncio.gather(*calls, return_exceptions=True)``, without a task for a call
+    alone (the commonest case: one lease's tokens)."""
+    if len(calls) != 1:
+        return await asyncio.gather(*calls, return_exceptions=True)
+    try:
+        return [await calls[0]]
+    except Exception as exc:
+        return [exc]
 
 
 def _completions(ds: list[Delivery]) -> Callable[[LeaseObject, int], object]:

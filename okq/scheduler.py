@@ -201,10 +201,14 @@ class Scheduler:
                     groups: dict[str, tuple[SegmentMeta, list[tuple[int, int]]]] = {}
                     for _, sid, idx, due, sm in picks:
                         groups.setdefault(sid, (sm, []))[1].append((idx, due))
-                    results = await asyncio.gather(*(
-                        self._lease_in(q, m.config, sm, w, lease_ms, fresh_cfg)
-                        for sm, w in groups.values()
-                    ))
+                    if len(groups) == 1:  # one segment: no task to run it beside others
+                        [(sm, w)] = groups.values()
+                        results = [await self._lease_in(q, m.config, sm, w, lease_ms, fresh_cfg)]
+                    else:
+                        results = await asyncio.gather(*(
+                            self._lease_in(q, m.config, sm, w, lease_ms, fresh_cfg)
+                            for sm, w in groups.values()
+                        ))
                 progress = 0
                 for items, dead, _ in results:
                     out.extend(items)
