@@ -110,6 +110,10 @@ class QueueRuntime:
         # (terminal states): the standard walk passes over them without a look
         # until a compactor drops them from the manifest.
         self.finished: set[str] = set()
+        # Where the standard walk of a scan order starts: past the finished segments
+        # at its front (the order list itself, and the count; a finished segment
+        # stays finished, and a change of the list starts the count again).
+        self.walk_start: tuple[list[SegmentMeta], int] | None = None
         self.seen_ver = -1
         self.seen_segments: list[SegmentMeta] = []  # the list of that version
         self.waiters = 0  # long polls of this process waiting for the queue's items

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import heapq
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -243,7 +244,7 @@ class Scheduler:
         next_ready: int | None = None
         budget = [self.rt.opts.lease_state_reads]
         finished = q.finished
-        for sm in segments:
+        for sm in itertools.islice(segments, _first_unfinished(q, segments), None):
             if len(cands) >= n:
                 cands.sort()
                 if cands[n - 1][0] <= sm.first_ready_ms:
@@ -500,6 +501,19 @@ def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg
     """What a lease hands out for ``leased`` items of one segment, tokens signed."""
     tokens = signer.sign_many(ns, queue, sm.id, tr.deliveries_of(leased))
     return tr.leased_items(queue, sm, seg.items, leased, tokens)
+
+
+def _first_unfinished(q: QueueRuntime, order: list[SegmentMeta]) -> int:
+    """Where the standard walk of ``order`` starts: past the finished segments at its
+    front, counted on from where the last walk of the same list found them (a walk
+    of a queue drained but not yet compacted no longer passes every segment)."""
+    memo = q.walk_start
+    start = memo[1] if memo is not None and memo[0] is order else 0
+    finished = q.finished
+    while start < len(order) and order[start].id in finished:
+        start += 1
+    q.walk_start = (order, start)
+    return start
 
 
 def _forget_dropped(q: QueueRuntime, m: Manifest) -> None:

@@ -84,6 +84,24 @@ async def test_a_walk_passes_over_segments_whose_items_are_all_finished(
     assert q.finished == {seg_a, seg_b, seg_c}
 
 
+async def test_a_standard_walk_starts_past_the_finished_segments_at_its_front(
+        engine: Engine) -> None:
+    """A drained queue waiting for its compactor: later walks of the same scan order
+    start past its finished segments, and a new segment is walked to all the same."""
+    for n in range(5):  # five segments
+        await engine.produce("q", [f"m{n}".encode()])
+    q = engine.runtime.queue("q")
+    while got := await engine.lease("q", 2):
+        await engine.complete([i.token for i in got])
+    assert await engine.lease("q", 2) == []  # a walk that finds the five finished
+    assert len(q.finished) == 5
+    assert q.walk_start is not None and q.walk_start[1] == 5
+    assert await engine.lease("q", 2) == []  # starts at the end: passes none
+    await engine.produce("q", [b"new"])  # a new scan order: counted again from its front
+    assert [i.payload for i in await engine.lease("q", 2)] == [b"new"]
+    assert q.walk_start is not None and q.walk_start[1] == 5
+
+
 async def test_group_commit_one_segment_one_cas(store: Store, clock: ManualClock) -> None:
     counting = CountingStore(store)
     e = make_engine(counting, clock, linger=0.05)
