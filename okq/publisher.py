@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from okq.batcher import Batcher
 from okq.cell import Cell
@@ -162,9 +162,14 @@ class Publisher:
                        ) -> tuple[list[str], list[int], list[int | None]]:
         """The items' ids, the indexes of those published now (the others were
         answered by their idempotency keys), and each item's sequence number."""
+        # Commonly no item has an idempotency key: then none is looked for item by item.
+        keyed = [i.key for i in items].count(None) != len(items)
         for _ in range(5):
-            manifest = await self._manifest_for(items)
-            fresh, ids, twins = _dedupe(items, manifest, self.clock.now_ms())
+            manifest = await self._manifest_for(items, keyed)
+            if keyed:
+                fresh, ids, twins = _dedupe(items, manifest, self.clock.now_ms())
+            else:
+                fresh, ids, twins = list(range(len(items))), [None] * len(items), {}
             seqs: list[int | None] = [None] * len(items)
             if len(fresh) < len(items) and manifest is not None:
                 for i, known in enumerate(ids):  # answered by a key: the first's number
@@ -174,7 +179,7 @@ class Publisher:
                         seqs[i] = None if first is None else first + index
             try:
                 if fresh:
-                    first = await self._publish_segment(items, fresh, ids)
+                    first = await self._publish_segment(items, fresh, ids, keyed)
                     if first is not None and len(fresh) == len(items):
                         seqs = list(range(first, first + len(items)))
                     elif first is not None:
@@ -185,10 +190,10 @@ class Publisher:
                 continue
             for dup, first_of in twins.items():
                 ids[dup], seqs[dup] = ids[first_of], seqs[first_of]
-            return [i or "" for i in ids], fresh, seqs
+            return [i or "" for i in ids] if None in ids else cast(list[str], ids), fresh, seqs
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
 
-    async def _manifest_for(self, items: list[NewItem]) -> Manifest | None:
+    async def _manifest_for(self, items: list[NewItem], keyed: bool = True) -> Manifest | None:
         """The manifest to look the items' idempotency keys up in: the cached copy,
         unless a key is found in it. A key found answers the produce without a
         write, so that answer never rests on a cached copy: the queue may have
@@ -197,8 +202,8 @@ class Publisher:
         reads = self.manifest.reads
         manifest = await self.manifest.read(max_age_ms=60_000)
         now = self.clock.now_ms()
-        if self.manifest.reads == reads and (manifest is None or any(
-                i.key is not None and live_key(manifest, i.key, now) for i in items)):
+        if self.manifest.reads == reads and (manifest is None or (keyed and any(
+                i.key is not None and live_key(manifest, i.key, now) for i in items))):
             manifest = await self.manifest.read(0)
         return manifest
 
@@ -215,26 +220,35 @@ class Publisher:
         )
         data = encode_segment(segment)
         await self._write_segment(segment_key(self.ns, self.queue, seg_id), data)
+        n = len(items)
         self.segments_written += 1
         if self.on_written is not None:  # the first lease of it needs no GET here
             self.on_written(segment, len(data))
         # The latest due time rides in the manifest: stats count the segment unread.
+        # (commonly no item is scheduled and none has a meta: nothing to look for)
+        scheduled = [i.enqueue_at_ms for i in items].count(None) != n
         last_due = max((i.enqueue_at_ms for i in items
-                        if i.enqueue_at_ms is not None and i.enqueue_at_ms > now), default=0)
-        return SegmentMeta(seg_id, len(items), now, len(data), None, last_due,
-                           groups=groups_of(i.meta for i in items))
+                        if i.enqueue_at_ms is not None and i.enqueue_at_ms > now),
+                       default=0) if scheduled else 0
+        metas = [i.meta for i in items]
+        return SegmentMeta(seg_id, n, now, len(data), None, last_due,
+                           groups=groups_of(metas) if metas.count(None) != n else None)
 
     async def _publish_segment(
-        self, items: list[NewItem], fresh: list[int], ids: list[str | None]
+        self, items: list[NewItem], fresh: list[int], ids: list[str | None], keyed: bool = True
     ) -> int | None:
         """Write one segment of the ``fresh`` items and publish it; fills in ``ids``.
         The sequence number of its first item, as the manifest it landed in numbered
         it (None if a compactor has merged it away already)."""
-        meta = await self.write_segment([items[i] for i in fresh])
-        for n, i in enumerate(fresh):
-            ids[i] = item_id(meta.id, n)
+        every = len(fresh) == len(items)  # fresh is then 0, 1, ...: no key answered any
+        meta = await self.write_segment(items if every else [items[i] for i in fresh])
+        if every:
+            ids[:] = [f"{meta.id}.{n}" for n in range(len(items))]  # item_id, written out
+        else:
+            for n, i in enumerate(fresh):
+                ids[i] = item_id(meta.id, n)
         keys: dict[str, str] = {}
-        for i in fresh:
+        for i in fresh if keyed else ():
             k, iid = items[i].key, ids[i]
             if k is not None and iid is not None:
                 keys[k] = iid
