@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 #: Written by setup.py; absent from a checkout that was never installed.
 RECORD = HERE / "_compiled" / "build.json"
 #: What the pure path costs, as measured (docs/PERFORMANCE.md, "The compiled hot path").
-PURE_COST = ("about 44 % more instructions per lease+complete message through the engine "
+PURE_COST = ("about 85 % more instructions per lease+complete message through the engine "
              "(produce: the same)")
 
 
