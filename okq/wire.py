@@ -19,7 +19,7 @@ import functools
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 import msgspec
 from pydantic import (
@@ -175,51 +175,55 @@ class ProduceRequest(Body):
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 
 
+class _PlainBody(msgspec.Struct, forbid_unknown_fields=True):
+    """A body read without a model: these keys and no other."""
+
+    queue_name: str
+
+
 class _PlainItem(msgspec.Struct, forbid_unknown_fields=True):
     bytes: builtins.bytes
 
 
-class _PlainProduce(msgspec.Struct, forbid_unknown_fields=True):
-    queue_name: str
+class _PlainProduce(_PlainBody, forbid_unknown_fields=True):
     items: list[_PlainItem]
 
 
+class _PlainComplete(_PlainBody, forbid_unknown_fields=True):
+    tokens: list[str]
+
+
 _PLAIN_PRODUCE = msgspec.msgpack.Decoder(_PlainProduce)
+_PLAIN_COMPLETE = msgspec.msgpack.Decoder(_PlainComplete)
+_B = TypeVar("_B", bound=_PlainBody)
+
+
+def _plain_body(decoder: msgspec.msgpack.Decoder[_B], data: builtins.bytes) -> _B | None:
+    """``data`` decoded by msgspec straight from the bytes when it is such a body of
+    a valid queue name; None for any other (not msgpack, another key, another
+    type), which the models then read (and explain, when it is wrong)."""
+    try:
+        body = decoder.decode(data)
+    except msgspec.DecodeError:  # its ValidationError too
+        return None
+    return body if _QUEUE_NAME.fullmatch(body.queue_name) else None
 
 
 def plain_produce(data: builtins.bytes) -> tuple[str, list[builtins.bytes]] | None:
     """The queue and payloads of the commonest produce, a msgpack body of binary
-    payloads and nothing else (what msgpack clients send), decoded by msgspec
-    straight from the bytes without a model per item; None for any other body
-    (another key, a text payload, no items, a bad queue name, not msgpack at all),
-    which the models then read (and explain, when it is wrong)."""
-    try:
-        body = _PLAIN_PRODUCE.decode(data)
-    except msgspec.DecodeError:  # its ValidationError too
-        return None
-    if not body.items or not _QUEUE_NAME.fullmatch(body.queue_name):
+    payloads and nothing else (what msgpack clients send), without a model per
+    item; None for any other body (a text payload, no items: ``_plain_body``)."""
+    body = _plain_body(_PLAIN_PRODUCE, data)
+    if body is None or not body.items:
         return None
     return body.queue_name, [item.bytes for item in body.items]
 
 
-class _PlainComplete(msgspec.Struct, forbid_unknown_fields=True):
-    queue_name: str
-    tokens: list[str]
-
-
-_PLAIN_COMPLETE = msgspec.msgpack.Decoder(_PlainComplete)
-
-
 def plain_tokens(data: builtins.bytes) -> tuple[str, list[str]] | None:
-    """The queue and tokens of a complete without outputs, a msgpack body decoded by
-    msgspec straight from the bytes; None for any other body (another key, no
-    tokens, a token that is not a string, a bad queue name, not msgpack), which the
-    model then reads."""
-    try:
-        body = _PLAIN_COMPLETE.decode(data)
-    except msgspec.DecodeError:  # its ValidationError too
-        return None
-    if not body.tokens or not _QUEUE_NAME.fullmatch(body.queue_name):
+    """The queue and tokens of a complete without outputs; None for any other body
+    (no tokens, a token that is not a string: ``_plain_body``)."""
+    body = _plain_body(_PLAIN_COMPLETE, data)
+    if body is None or not body.tokens:
         return None
     return body.queue_name, body.tokens
 
