@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import datetime
 from typing import Any
@@ -12,6 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from okq.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType
+from okq.httpbody import read_within
 from okq.server.state import SETTINGS
 
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
@@ -65,17 +65,9 @@ def decode(data: bytes, kind: str) -> Any:
 async def read_bytes(request: web.Request) -> bytes:
     """The body, within the node's --request-read-timeout: a client that trickles
     its body is cut off (408) instead of holding a handler."""
-    if request.content.is_eof():  # all of it came with the headers: nothing to wait for
-        # Its chunks joined once (one chunk is itself): ``request.read`` copies the
-        # body twice (into a bytearray, then to bytes), 100 KB for a produce.
-        data = request.content.read_nowait()
-        limit = request.client_max_size
-        if limit and len(data) > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(data))
-        return data
     timeout = request.app[SETTINGS].request_read_timeout
     try:
-        return await asyncio.wait_for(request.read(), timeout)
+        return await read_within(request, timeout)
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {timeout:g} s") from None
     except ConnectionError:  # the client went away mid-body: its mistake, not an error here

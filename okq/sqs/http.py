@@ -22,6 +22,7 @@ from aiohttp import web
 
 from okq.auth import Principal
 from okq.errors import OkqError
+from okq.httpbody import read_within
 from okq.ops import Context
 from okq.pipeline import Pipeline
 from okq.service import QueueService
@@ -168,7 +169,7 @@ def _client_gone(request: web.Request) -> bool:
 
 async def _body(request: web.Request) -> bytes:
     try:
-        return await asyncio.wait_for(request.read(), request.app[SQS].read_timeout)
+        return await read_within(request, request.app[SQS].read_timeout)
     except TimeoutError:
         raise SqsError("RequestTimeout", "the request body did not arrive in time") from None
     except ConnectionError:
