@@ -840,11 +840,12 @@ def _scan_order(m: Manifest) -> tuple[list[SegmentMeta], Groups]:
 def _fresh(sm: SegmentMeta, seg: Segment) -> list[tuple[int, int, int]]:
     """Every item of a segment as a never-leased candidate: (order, index, due), as
     ``fresh_ready_ms`` and ``fresh_due_ms`` tell them (written out here: two calls
-    an item were most of the work)."""
+    an item were most of the work), sorted (``leases.summarise`` takes them so)."""
     created = sm.created_ms
     out = []
     for idx, item in enumerate(seg.items[:sm.count]):
         born = created if item.born_ms is None else item.born_ms
         at = item.enqueue_at_ms
         out.append((born, idx, 0) if at is None or at <= born else (at, idx, at))
+    out.sort()  # once a segment, and in order already unless some item is scheduled
     return out

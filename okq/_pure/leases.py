@@ -392,9 +392,14 @@ def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | 
               ) -> tuple[list[tuple[int, int, int]], bool, list[tuple[int, int]]]:
     """What a lease walk needs of a segment of ``count`` items: its candidates by
     order, (order, index, due): its leased and waiting items at their time, and
-    the items of ``fresh`` (every item as if never leased; needed when some item
-    has no state) that have no state; whether an item is in flight; and its
-    half-done items (since, index) by index. A sealed segment has none of them."""
+    the items of ``fresh`` (every item as if never leased, sorted; needed when some
+    item has no state) that have no state; whether an item is in flight; and its
+    half-done items (since, index) by index. A sealed segment has none of them.
+
+    The two kinds of candidates are sorted apart and joined: a segment's fresh
+    items were produced before any of its leases ends, so the join is commonly
+    one after the other, and a sort of the whole (every candidate compared, its
+    order mostly equal: a tuple compare each) is left for when they interleave."""
     ready: list[tuple[int, int, int]] = []
     stalled: list[tuple[int, int]] = []
     inflight = False
@@ -409,10 +414,19 @@ def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | 
             if st.s in HALF_DONE:
                 stalled.append((st.t, idx))
         if st.s in READY_STATES:
-            ready.append((st.t, idx, st.t))
-    if fresh is not None and len(states) < count:
-        ready.extend(c for c in fresh if c[1] not in states)
+            t: object = st.t  # boxed once for both places
+            ready.append((t, idx, t))  # type: ignore[arg-type]
     ready.sort()
+    if fresh is not None and len(states) < count:
+        rest = [c for c in fresh if c[1] not in states]  # sorted, as fresh is
+        if rest and (not ready or rest[-1] <= ready[0]):
+            rest.extend(ready)
+            ready = rest
+        elif rest:
+            interleaved = rest[0] < ready[-1]
+            ready.extend(rest)
+            if interleaved:
+                ready.sort()
     stalled.sort(key=lambda s: s[1])
     return ready, inflight, stalled
 

@@ -260,14 +260,15 @@ _MS = st.integers(min_value=0, max_value=2_000)
 @given(created=_MS, items=st.lists(st.tuples(st.none() | _MS, st.none() | _MS), max_size=12))
 def test_a_segments_fresh_candidates_are_its_items_ready_and_due_times(
         created: int, items: list[tuple[int | None, int | None]]) -> None:
-    """The lease walk's candidates of a never-leased segment (written out for speed)."""
+    """The lease walk's candidates of a never-leased segment (written out for speed),
+    sorted."""
     from okq.scheduler import _fresh
 
     seg = Segment("s", "q", created, created,
                   [SegmentItem(b"", at, None, born) for born, at in items] + [SegmentItem(b"")])
     sm = SegmentMeta("s", len(items), created, 3)  # the last item is past the count
-    assert _fresh(sm, seg) == [(fresh_ready_ms(sm, item), n, fresh_due_ms(sm, item))
-                               for n, item in enumerate(seg.items[:len(items)])]
+    assert _fresh(sm, seg) == sorted((fresh_ready_ms(sm, item), n, fresh_due_ms(sm, item))
+                                     for n, item in enumerate(seg.items[:len(items)]))
 
 
 def test_new_nonce_is_random_hex() -> None:

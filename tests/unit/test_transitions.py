@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -562,3 +563,21 @@ def test_a_segment_is_all_finished_when_each_item_is_done_or_dead() -> None:
     assert not tr.all_finished(tr.LeaseObject("s", {0: done}), 2)  # item 1 never leased
     assert not tr.all_finished(tr.LeaseObject("s", {0: done, 1: leased}), 2)
     assert not tr.all_finished(tr.LeaseObject("s", {0: done, 1: dead}, sealed=True), 2)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_summarys_candidates_are_every_ready_state_and_fresh_item_in_order(seed: int) -> None:
+    """Candidates of states and of fresh items are sorted apart and joined: the same
+    list as sorting them all, whether they interleave or not."""
+    rng = random.Random(seed)
+    count = rng.randint(1, 30)
+    base = rng.choice([0, 1_000, 5_000])  # fresh items before, among or after the states
+    fresh = sorted((base + rng.randint(0, 3) * 100, n, 0) for n in range(count))
+    kinds = [tr.LEASED, tr.WAITING, tr.DONE, tr.DEAD, tr.DEAD_PENDING, tr.OUTPUTS_PENDING]
+    states = {n: tr.ItemState(rng.choice(kinds), 1, 1, rng.randint(0, 6_000))
+              for n in rng.sample(range(count), rng.randint(0, count))}
+    ready, _, _ = tr.summarise(tr.LeaseObject("s", dict(states)), count, fresh)
+    want = sorted([(st.t, n, st.t) for n, st in states.items()
+                   if st.s in tr.READY_STATES]
+                  + [c for c in fresh if c[1] not in states])
+    assert ready == want
