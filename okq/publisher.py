@@ -193,7 +193,7 @@ class Publisher:
             return [i or "" for i in ids] if None in ids else cast(list[str], ids), fresh, seqs
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
 
-    async def _manifest_for(self, items: list[NewItem], keyed: bool = True) -> Manifest | None:
+    async def _manifest_for(self, items: list[NewItem], keyed: bool) -> Manifest | None:
         """The manifest to look the items' idempotency keys up in: the cached copy,
         unless a key is found in it. A key found answers the produce without a
         write, so that answer never rests on a cached copy: the queue may have
@@ -235,7 +235,7 @@ class Publisher:
                            groups=groups_of(metas) if metas.count(None) != n else None)
 
     async def _publish_segment(
-        self, items: list[NewItem], fresh: list[int], ids: list[str | None], keyed: bool = True
+        self, items: list[NewItem], fresh: list[int], ids: list[str | None], keyed: bool
     ) -> int | None:
         """Write one segment of the ``fresh`` items and publish it; fills in ``ids``.
         The sequence number of its first item, as the manifest it landed in numbered

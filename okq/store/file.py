@@ -337,7 +337,9 @@ class FileStore:
         except BaseException:
             held.release()
             raise
-        await _hand_off(held, f"writing {key!r}", key, folder, (tmp, fd, path), self._spares)
+        # A create-only write has no old version to keep as a spare (no failed link).
+        await _hand_off(held, f"writing {key!r}", key, folder, (tmp, fd, path),
+                        None if if_none_match else self._spares)
         return etag_of(data) if want_etag else ""
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
