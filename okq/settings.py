@@ -122,8 +122,9 @@ class Settings(BaseSettings):
     linger: float | None = Field(
         None, ge=0, le=1,
         description="seconds to gather a produce batch while no lease waits for the queue "
-        "(default 0.005; 0.01 in sequencer mode, where forwarded calls reach the holder "
-        "less together)",
+        "and the connections of the last batch have not all called again with 100 items "
+        "or more (default 0.005; 0.01 in sequencer mode, where forwarded calls reach the "
+        "holder less together)",
     )
     max_item_bytes: int = Field(1 << 20, ge=1, le=64 << 20, description="largest item payload")
     max_batch: int = Field(1000, ge=1, le=MAX_BATCH_MAX,

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from okq import wire as s
 from okq.auth import NAMESPACE_HEADER, open_principal
+from okq.batcher import CALLER
 from okq.errors import Forbidden, OkqError, Overloaded, TooLarge, Unauthorized
 from okq.keys import check_name
 from okq.server.codec import respond
@@ -39,6 +40,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     endpoint = request.match_info.route.resource.canonical if request.match_info.route.resource \
         else "unmatched"
     began = time.perf_counter()
+    CALLER.set(request.protocol)  # the connection: one request at a time (okq.batcher)
     response = await _handle(request, handler)
     metrics.observe_request(endpoint, response.status, time.perf_counter() - began)
     return response

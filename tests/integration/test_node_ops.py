@@ -388,3 +388,30 @@ async def test_a_node_signs_the_token_format_it_is_told_and_reads_both(start_nod
                {"queue_name": "upgrade", "tokens": [i["token"] for i in v2["items"]]})
     stats = await call(default, "queue.stats", {"queue_name": "upgrade"})
     assert stats["in_flight"] == 0 and stats["available"] == 0
+
+
+# -- the produce linger ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("items", [100, 10])
+async def test_a_producer_in_a_closed_loop_waits_the_linger_only_with_small_calls(
+        start_node: Start, items: int) -> None:
+    """One connection producing call after call: a call of 100 items or more ends the
+    linger once its connection (every connection of the last publish) is back, so
+    only the first call waits it; a smaller call waits the whole linger, to share
+    its segment."""
+    linger = 0.4
+    client = await start_node(MemoryStore(), linger=linger)
+    await call(client, "queues.create", {"name": "q"}, 201)
+    body = {"queue_name": "q", "items": [{"utf8": "a"}] * items}
+    await call(client, "queue.produce", body)  # the first publish: nobody to wait for
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for _ in range(4):
+        await call(client, "queue.produce", body)
+    took = loop.time() - began
+    if items >= 100:
+        assert took < linger  # four lingers would be 1.6 s
+    else:
+        assert took >= 4 * linger
+    assert (await call(client, "queue.stats", {"queue_name": "q"}))["available"] == 5 * items
