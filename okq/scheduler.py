@@ -259,8 +259,18 @@ class Scheduler:
                 continue
             penalty = backoff if now - cell.conflict_ms < backoff else 0
             taken = 0
+            # Only a fresh unscheduled entry is due before its order (due 0); every
+            # other is due at it. Past the last fresh entry's order, then, the first
+            # entry not due yet is the first to come due (its order), and so is every
+            # later one after it: the walk stops there rather than pass each item
+            # in flight.
+            fresh = summary.fresh
+            fresh_until = fresh[-1][0] if fresh else -1
             for order, idx, due in summary.ready:
                 if due > now or order > horizon:
+                    if order > fresh_until and order > now:
+                        next_ready = order if next_ready is None else min(next_ready, order)
+                        break
                     soon = max(due, order) if order > horizon else due
                     next_ready = soon if next_ready is None else min(next_ready, soon)
                     if order > horizon:

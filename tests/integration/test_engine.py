@@ -12,7 +12,7 @@ import time
 import pytest
 
 from okq import Engine, ManualClock, NewItem, QueueConfig
-from okq.clock import MAX_CLOCK_SKEW_MS, SystemClock
+from okq.clock import MAX_CLOCK_SKEW_MS, OffsetClock, SystemClock
 from okq.errors import (
     InvalidRequest,
     InvalidToken,
@@ -100,6 +100,40 @@ async def test_a_standard_walk_starts_past_the_finished_segments_at_its_front(
     await engine.produce("q", [b"new"])  # a new scan order: counted again from its front
     assert [i.payload for i in await engine.lease("q", 2)] == [b"new"]
     assert q.walk_start is not None and q.walk_start[1] == 5
+
+
+async def test_a_walk_stops_at_the_first_item_in_flight_and_says_when_one_comes_due(
+        engine: Engine, clock: ManualClock) -> None:
+    """Items in flight are candidates at the end of their leases, in order: the walk
+    stops at the first (nothing after it can be due sooner) and reports its time."""
+    await engine.produce("q", [b"a", b"b"])
+    await engine.lease("q", 1)
+    clock.advance(3)
+    await engine.lease("q", 1)  # b's lease ends 3 s after a's
+    await engine.produce("q", [b"c"])  # a second segment, behind the first
+    q = engine.runtime.queue("q")
+    m = await engine.runtime.manifest(q, 0)
+    picks, next_ready = await engine.scheduler._pick(q, m, 10)
+    assert [p[2] for p in picks] == [0]  # c, index 0 of its segment
+    assert next_ready == clock.now_ms() - 3000 + 10_000  # when a's lease ends
+    assert [i.payload for i in await engine.lease("q", 10)] == [b"c"]
+    clock.advance(7)  # a's lease is over, b's is not
+    assert [i.payload for i in await engine.lease("q", 10)] == [b"a"]
+
+
+async def test_a_fresh_item_from_a_clock_ahead_behind_items_in_flight_is_leased(
+        store: Store, clock: ManualClock) -> None:
+    """A segment whose producer's clock is ahead orders its fresh items after the
+    items of it leased since (by the reader's clock): the walk does not stop at those
+    in flight before it reaches the fresh ones."""
+    ahead = make_engine(store, OffsetClock(clock, 30))
+    reader = make_engine(store, clock)
+    for e in (ahead, reader):
+        await e.start()
+    await reader.create_queue("q", QueueConfig(lease_timeout=10))
+    await ahead.produce("q", [b"a", b"b", b"c"])  # born 30 s ahead of the reader
+    assert [i.payload for i in await reader.lease("q", 1)] == [b"a"]  # in flight until +10 s
+    assert [i.payload for i in await reader.lease("q", 5)] == [b"b", b"c"]
 
 
 async def test_group_commit_one_segment_one_cas(store: Store, clock: ManualClock) -> None:
