@@ -28,7 +28,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel
 
-from okq.wire import LeasedItemOut
+from okq.wire import NEVER_FIRST, LeasedItemOut
 
 
 class _Item(msgspec.Struct):
@@ -90,10 +90,14 @@ def leased_items(raw: bytes, kind: str = "msgpack") -> list[LeasedItemOut]:
     for it in _LEASE[kind].decode(raw).items:
         utf8 = it.utf8
         if utf8 is UNSET:  # a msgpack reply carries the payload once, as bytes
-            try:
-                utf8 = it.bytes.decode()
-            except UnicodeDecodeError:
+            payload = it.bytes  # okq.wire.utf8_or_none, written out
+            if payload and NEVER_FIRST[payload[0]]:
                 utf8 = None
+            else:
+                try:
+                    utf8 = payload.decode()
+                except UnicodeDecodeError:
+                    utf8 = None
         headers = it.headers
         item = _new(LeasedItemOut)
         _set_dict(item, {

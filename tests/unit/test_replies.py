@@ -60,8 +60,16 @@ def validated_msgpack(raw: bytes) -> list[s.LeasedItemOut]:
     items = s.LeaseResponse.model_validate(msgpack.unpackb(raw, raw=False)).items
     for item in items:
         if item.utf8 is None:
-            item.utf8 = s.utf8_or_none(item.bytes)
+            item.utf8 = strict_utf8(item.bytes)
     return items
+
+
+def strict_utf8(payload: bytes) -> str | None:
+    """What ``utf8`` is by definition: the payload decoded, if it is UTF-8."""
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 FIELDS = list(s.LeasedItemOut.model_fields)
@@ -257,3 +265,21 @@ def test_a_lease_reply_is_each_items_plain_struct() -> None:
     items[3].lease_deadline_ms += 1  # a deadline that differs from its neighbours'
     want = msgspec.msgpack.encode(s.LeaseReplyPlain("q", [s.leased_item_plain(i) for i in items]))
     assert s.lease_reply_plain("q", items) == want
+
+
+# Tails that make a valid sequence of every length after a lead byte, and some that do not.
+TAILS = [b"", b"a", b"\x80", b"\x80\x80", b"\x80\x80\x80", b"\xa0\x80", b"\x90\x80\x80",
+         b"\xbf\xbf\xbf", b"\xc3\xa9 text", b"\xff"]
+
+
+def test_utf8_is_the_strict_decoding_whatever_the_first_byte() -> None:
+    """``utf8`` skips the decode for a first byte no UTF-8 text begins with: for every
+    first byte and tail, it is the payload decoded strictly or None, on both paths."""
+    payloads = [bytes([first]) + tail for first in range(256) for tail in TAILS]
+    items = engine_items()[:1] * len(payloads)
+    for n, payload in enumerate(payloads):
+        items[n] = SimpleNamespace(**{**vars(items[n]), "payload": payload})
+    got = replies.leased_items(msgpack_reply(items))
+    assert [i.utf8 for i in got] == [strict_utf8(p) for p in payloads]
+    assert [s.utf8_or_none(p) for p in payloads] == [strict_utf8(p) for p in payloads]
+    assert sum(strict_utf8(p) is not None for p in payloads) > 256  # both kinds are here
