@@ -128,6 +128,7 @@ class Publisher:
         self.waiting: Callable[[], int] = lambda: 0
         self.segments_written = 0
         self.on_written: Callable[[Segment, int], None] | None = None
+        self.on_published: Callable[[], None] | None = None  # new items are visible
 
     def pending_items(self) -> int:
         return sum(len(items) for items in self._batcher.waiting())
@@ -146,6 +147,10 @@ class Publisher:
 
     async def _publish_calls(self, calls: list[list[NewItem]]) -> list[Produced | BaseException]:
         ids, fresh, seqs = await self._publish([i for items in calls for i in items])
+        if fresh and self.on_published is not None:
+            # Before the callers are answered: a long poll waiting for these items
+            # looks first, and the producers' replies go out while it writes.
+            self.on_published()
         # Commonly every item is new: then nothing is counted item by item.
         taken = None if len(fresh) == len(ids) else set(range(len(ids))) - set(fresh)
         partition = split_partition(self.queue)[1]

@@ -246,6 +246,7 @@ class Runtime:
         )
         pub.on_written = self.segments.put
         q = self.queues[name] = QueueRuntime(name, cell, pub)
+        pub.on_published = lambda: self.wake(q)
         pub.waiting = lambda: q.waiters
         return q
 
@@ -348,13 +349,11 @@ class Runtime:
         q = self.queue(queue)
         await self.manifest(q, 60)  # a missing queue fails before a segment is written
         try:
-            ids = await q.publisher.produce(batch)
+            return await q.publisher.produce(batch)  # wakes q's long polls (on_published)
         except Exception as exc:
             if isinstance(exc, ObjectNotFound):
                 raise QueueNotFound(f"queue {queue!r} does not exist", queue=queue) from exc
             raise
-        self.wake(q)
-        return ids
 
     def wake(self, q: QueueRuntime) -> None:
         """Items of ``q`` may be leasable now: its long polls look at once."""
