@@ -199,7 +199,6 @@ class Worker:
         self.grace = grace
         self.limit = limit
         self.stats = WorkStats()
-        self.max_attempts = 0  # the queue's, read at start: to count dead letters
         self.renew_every = 0.0  # half the lease timeout: the worker's, or the queue's
         self._failures = 0  # reads or leases failed in a row
         self._stop = asyncio.Event()
@@ -257,7 +256,6 @@ class Worker:
                 await self._wait_out("reading the settings of", exc)
                 continue
             self._failures = 0
-            self.max_attempts = infos[0].max_attempts
             self.renew_every = (self.lease_timeout or infos[0].lease_timeout) / 2
             return
 
@@ -388,24 +386,25 @@ class Worker:
             await self._dead(item, exc.reason)
         except Failed as exc:
             self.stats.failed += 1
-            self._failed(item, exc.error, None)
-            await self._retry(item, exc.error)
+            self._failed(item, exc.error, None, await self._retry(item, exc.error))
         except self.fatal:
             raise
         except Exception as exc:  # the handler's failure is the item's failure
             self.stats.failed += 1
-            self._failed(item, f"{type(exc).__name__}: {exc}", exc)
-            await self._retry(item, f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            self._failed(item, error, exc, await self._retry(item, error))
         else:
             await self._complete(item, outputs)
 
-    def _failed(self, item: LeasedItemOut, error: str, exc: Exception | None) -> None:
-        """Log a handler's failure in one line (with the traceback of an exception): a
-        warning while the item has attempts left, an error when the queue dead-letters
-        it now. The whole error is recorded on the item."""
-        last = bool(self.max_attempts) and item.attempts >= self.max_attempts
-        then = "dead-lettered: out of attempts" if last else "it will be retried"
-        self.log.log(logging.ERROR if last else logging.WARNING,
+    def _failed(self, item: LeasedItemOut, error: str, exc: Exception | None,
+                dead: bool | None) -> None:
+        """Log a handler's failure in one line (with the traceback of an exception),
+        as the retry that recorded the whole error on the item was answered: a warning
+        while the item has attempts left, an error when the queue dead-lettered it
+        (out of attempts by its settings now, not as the worker started)."""
+        then = ("dead-lettered: out of attempts" if dead else "it will be retried"
+                if dead is not None else "it returns when its lease ends")
+        self.log.log(logging.ERROR if dead else logging.WARNING,
                      "handler failed on %s (attempt %d): %s; %s", item.id, item.attempts,
                      one_line(error), then, exc_info=exc)
 
@@ -450,20 +449,23 @@ class Worker:
         except OkqError as exc:
             self._error("dead-lettering", item, exc)
 
-    async def _retry(self, item: LeasedItemOut, error: str) -> None:
+    async def _retry(self, item: LeasedItemOut, error: str) -> bool | None:
+        """Give a failed item back, ready after its backoff; whether the queue
+        dead-lettered it instead (out of attempts), None when the retry failed."""
         retry_at = backoff_until(item.attempts, self.backoff_base, self.backoff_max)
         try:
             dead = await self.client.retry(self.queue, item.token, retry_at=retry_at,
                                            error=error)
         except LeaseLost:
-            return  # it comes back anyway
+            return None  # it comes back anyway
         except OkqError as exc:
             self._error("retrying", item, exc)
-            return
+            return None
         if dead:
             self.stats.dead += 1  # the queue dead-lettered it: out of attempts
         else:
             self.stats.retried += 1
+        return dead
 
     async def _release(self, item: LeasedItemOut, why: str) -> None:
         """Give an item back uncounted; one that cannot be returns at its lease timeout

@@ -146,3 +146,35 @@ def test_readme_worker_in_library_mode(tmp_path: Path) -> None:
                                   env=env_with_venv())
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stdout.splitlines() == ["sending to: ada@example.com"], proc.stdout
+
+
+async def test_a_failure_is_logged_as_the_queue_answered_its_retry(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Whether a failed item was dead-lettered is what its retry was answered, by the
+    queue's settings when it failed: here max_attempts rose from 1, which the worker
+    read as it started, to 2, so the first failure is retried and the second is the
+    dead letter."""
+    async with make_engine(MemoryStore(), SystemClock()) as engine:
+        await engine.create_queue("lf", QueueConfig(max_attempts=1))
+        failed: list[int] = []
+
+        async def handler(item: LeasedItemOut) -> None:
+            failed.append(item.attempts)
+            raise RuntimeError("bad input")
+
+        worker = Worker(EngineQueues(engine), "lf", handler, poll=0.2, backoff_base=0.05,
+                        backoff_max=0.05)
+        run = asyncio.create_task(worker.run())
+        await until("the worker started", lambda: worker.renew_every > 0)
+        await engine.update_queue("lf", max_attempts=2)
+        await engine.produce("lf", [b"first"])
+        await until("its dead letter", lambda: worker.stats.dead == 1)
+        worker.stop()
+        await asyncio.wait_for(run, 15)
+    assert failed == [1, 2]
+    assert (worker.stats.retried, worker.stats.dead) == (1, 1)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records
+             if r.name == "okq.worker" and "handler failed" in r.getMessage()]
+    assert [level for level, _ in lines] == ["WARNING", "ERROR"]
+    assert lines[0][1].endswith("it will be retried")
+    assert lines[1][1].endswith("dead-lettered: out of attempts")
