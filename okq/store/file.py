@@ -36,7 +36,9 @@ an overwrite keeps the old version's file under a spare name (a hard link made,
 under the key's lock, just before the rename), and a later write of any key
 writes its bytes into that file (renamed into the key's folder first) instead
 of a new one, once the version has been gone ``SPARE_AGE`` (a monotonic clock:
-the machine's, shared by every process). A reader may hold the old version open
+the machine's, shared by every process). A spare moved from another folder keeps
+its old name there until that folder is fsynced: the commit fsyncs it before the
+rename that makes the spare an object. A reader may hold the old version open
 when it is retired, so every read here checks that it read one version: it
 starts its clock before it opens the file and gives up (and opens it again) if
 its first ``fstat`` comes ``SPARE_AGE`` or more after that (a reuse could have
@@ -99,15 +101,18 @@ class _Spares:
     def __init__(self) -> None:
         self._spares: deque[tuple[float, str]] = deque()
 
-    def take(self, folder: str) -> str | None:
-        """A spare retired at least SPARE_AGE ago, moved into ``folder`` (a segment's
-        folder gets the files of overwritten manifests and lease objects), or None."""
+    def take(self, folder: str) -> tuple[str, str | None] | None:
+        """A spare retired at least SPARE_AGE ago, in ``folder``, or None; and the
+        folder it was moved from, if another (a segment's folder gets the files of
+        overwritten manifests and lease objects). That folder must be fsynced before
+        the spare is renamed over a key (see ``_commit_group``)."""
         spares = self._spares
         if not spares or spares[0][0] > time.monotonic() - SPARE_AGE:
             return None
         spare = spares.popleft()[1]
-        if _parent(spare) == folder:
-            return spare
+        source = _parent(spare)
+        if source == folder:
+            return spare, None
         moved = _temporary_name(folder)
         try:
             try:
@@ -118,7 +123,7 @@ class _Spares:
         except OSError:  # another file system below the root
             _unlink_quietly(spare)
             return None
-        return moved
+        return moved, source
 
     def give(self, spare: str) -> None:
         if len(self._spares) < SPARES_MAX:
@@ -330,8 +335,9 @@ class FileStore:
                 raise CASConflict(f"{key!r} already exists", key=key)
             if if_match is not None and self._current_etag(key, path) != if_match:
                 raise CASConflict(f"{key!r} changed", key=key)
+            taken = self._spares.take(folder)
             try:
-                tmp, fd = _write_temporary(path, data, self._spares.take(folder))
+                tmp, fd = _write_temporary(path, data, None if taken is None else taken[0])
             except OSError as exc:
                 raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
         except BaseException:
@@ -339,7 +345,8 @@ class FileStore:
             raise
         # A create-only write has no old version to keep as a spare (no failed link).
         await _hand_off(held, f"writing {key!r}", key, folder, (tmp, fd, path),
-                        None if if_none_match else self._spares)
+                        None if if_none_match else self._spares,
+                        None if taken is None or tmp != taken[0] else taken[1])
         return etag_of(data) if want_etag else ""
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
@@ -391,7 +398,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 async def _hand_off(held: _Held, what: str, key: str, folder: str,
                     write: tuple[str, int, str] | None = None,
-                    spares: _Spares | None = None) -> None:
+                    spares: _Spares | None = None, moved_from: str | None = None) -> None:
     """What waits for the disk, to the commit thread: a write's ``(temporary file,
     its fd, target)`` (None for a delete), then ``folder``'s fsync. The thread
     releases the flock; this store's asyncio lock is released when it is done.
@@ -400,7 +407,7 @@ async def _hand_off(held: _Held, what: str, key: str, folder: str,
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
     try:
-        _COMMITTER.submit(_Job(loop, done, folder, held.fd, write, spares))
+        _COMMITTER.submit(_Job(loop, done, folder, held.fd, write, spares, moved_from))
     except BaseException:
         held.release()
         raise
@@ -424,6 +431,7 @@ class _Job:
     lock: int
     write: tuple[str, int, str] | None  # (temporary file, its fd, target)
     spares: _Spares | None = None  # where the target's old file goes, once retired
+    moved_from: str | None = None  # the folder the temporary file (a spare) left
     retired: str | None = None  # the target's old file, under a spare name
 
 
@@ -468,9 +476,11 @@ def _commit_group(group: list[_Job]) -> None:
     """Each write's temporary file fsynced and renamed; each folder fsynced once,
     after every rename and unlink in it; every lock released, whatever happened;
     then each job's outcome settled on its loop, one wake-up per loop."""
-    failed: dict[int, BaseException] = {}
+    failed = _fsync_left(group)
     folders: dict[str, list[int]] = {}
     for n, job in enumerate(group):
+        if n in failed:
+            continue
         if job.write is not None:
             try:
                 job.retired = _rename_temporary(*job.write, keep_old=job.spares is not None)
@@ -485,6 +495,32 @@ def _commit_group(group: list[_Job]) -> None:
             for n in members:
                 failed[n] = exc
     _keep_spares(group, failed)
+    _release_and_settle(group, failed)
+
+
+def _fsync_left(group: list[_Job]) -> dict[int, BaseException]:
+    """The folders the group's spares were moved from, fsynced before any rename: a
+    moved spare's old entry stays on disk until its folder is fsynced, and a crash
+    after the spare became an object must not leave the object's file a second,
+    temporary name there. The writes whose folder failed, abandoned."""
+    failed: dict[int, BaseException] = {}
+    left: dict[str, list[int]] = {}
+    for n, job in enumerate(group):
+        if job.moved_from is not None:
+            left.setdefault(job.moved_from, []).append(n)
+    for source, members in left.items():
+        try:
+            _fsync_dir(source)
+        except Exception as exc:
+            for n in members:
+                failed[n] = exc
+                _abandon(group[n])
+    return failed
+
+
+def _release_and_settle(group: list[_Job], failed: dict[int, BaseException]) -> None:
+    """Every lock released, then each job's outcome settled on its loop, one wake-up
+    per loop."""
     outcomes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None],
                                                          BaseException | None]]] = {}
     for n, job in enumerate(group):
@@ -498,6 +534,15 @@ def _commit_group(group: list[_Job]) -> None:
             loop.call_soon_threadsafe(_settle, settled)
         except RuntimeError:
             pass  # that loop is closed: nothing waits for these any more
+
+
+def _abandon(job: _Job) -> None:
+    """A write that will not be renamed: its temporary file closed and removed."""
+    if job.write is not None:
+        tmp, fd, _ = job.write
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        _unlink_quietly(tmp)
 
 
 def _keep_spares(group: list[_Job], failed: dict[int, BaseException]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from okq.errors import CASConflict
+from okq.errors import CASConflict, StorageError
 from okq.store import file as file_store
 from okq.store.file import FileStore
 
@@ -70,6 +70,57 @@ async def test_a_spare_moves_to_the_folder_of_the_key_written(
     await store.put("q/other/s2", b"another", if_none_match=True)
     assert (await store.get("q/other/s2")).data == b"another"
     assert spares(tmp_path / "q") == {}  # the spare that could not move was freed
+    await store.close()
+
+
+async def test_the_folder_a_spare_left_is_fsynced_before_it_becomes_an_object(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Moved from another folder, a spare's old name stays on disk until that folder
+    is fsynced: the commit fsyncs it before the rename that makes the spare an
+    object, so a crash cannot leave the object's file a second name in it."""
+    monkeypatch.setattr(file_store, "SPARE_AGE", 0.05)
+    store = FileStore(tmp_path)
+    await overwritten(store, tmp_path, "q/manifest", b"version 1", b"version 2")
+    await asyncio.sleep(0.1)
+    events: list[tuple[str, str]] = []
+    fsync_dir, replace = file_store._fsync_dir, os.replace
+    monkeypatch.setattr(file_store, "_fsync_dir",
+                        lambda path: (events.append(("fsync", str(path))), fsync_dir(path)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", str(b))),
+                                                     replace(a, b)))
+    await store.put("q/segments/s1", b"a segment", if_none_match=True, want_etag=False)
+    assert events == [("fsync", str(tmp_path / "q")),
+                      ("rename", str(tmp_path / "q" / "segments" / "s1")),
+                      ("fsync", str(tmp_path / "q" / "segments"))]
+    events.clear()
+    await store.put("q/manifest", b"version 3")  # no spare old enough: a new file
+    await asyncio.sleep(0.1)
+    await store.put("q/other", b"x")  # a spare of its own folder: nothing else fsynced
+    assert [e for e in events if e[0] == "fsync"] == [("fsync", str(tmp_path / "q"))] * 2
+    await store.close()
+
+
+async def test_a_write_whose_spare_left_a_folder_that_fails_its_fsync_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_store, "SPARE_AGE", 0.05)
+    store = FileStore(tmp_path)
+    await overwritten(store, tmp_path, "q/manifest", b"version 1", b"version 2")
+    await asyncio.sleep(0.1)
+    fsync_dir = file_store._fsync_dir
+
+    def failing(path: str | Path) -> None:
+        if str(path) == str(tmp_path / "q"):
+            raise OSError(5, "Input/output error")
+        fsync_dir(path)
+
+    monkeypatch.setattr(file_store, "_fsync_dir", failing)
+    with pytest.raises(StorageError, match="Input/output error"):
+        await store.put("q/segments/s1", b"a segment", if_none_match=True)
+    assert not (tmp_path / "q" / "segments" / "s1").exists()
+    assert spares(tmp_path / "q" / "segments") == {}  # the moved spare was removed
+    monkeypatch.setattr(file_store, "_fsync_dir", fsync_dir)
+    await store.put("q/segments/s1", b"a segment", if_none_match=True)  # the lock is free
+    assert (await store.get("q/segments/s1")).data == b"a segment"
     await store.close()
 
 
