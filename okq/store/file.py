@@ -488,12 +488,7 @@ def _commit_group(group: list[_Job]) -> None:
                 failed[n] = exc
                 continue
         folders.setdefault(job.folder, []).append(n)
-    for folder, members in folders.items():
-        try:
-            _fsync_dir(folder)
-        except Exception as exc:
-            for n in members:
-                failed[n] = exc
+    _fsync_folders(folders, failed)
     _keep_spares(group, failed)
     _release_and_settle(group, failed)
 
@@ -508,14 +503,24 @@ def _fsync_left(group: list[_Job]) -> dict[int, BaseException]:
     for n, job in enumerate(group):
         if job.moved_from is not None:
             left.setdefault(job.moved_from, []).append(n)
-    for source, members in left.items():
+    for n in _fsync_folders(left, failed):
+        _abandon(group[n])
+    return failed
+
+
+def _fsync_folders(folders: dict[str, list[int]], failed: dict[int, BaseException]
+                   ) -> list[int]:
+    """Each folder fsynced once; the jobs of one that failed (its members) recorded
+    in ``failed`` with the error, and returned."""
+    lost: list[int] = []
+    for folder, members in folders.items():
         try:
-            _fsync_dir(source)
+            _fsync_dir(folder)
         except Exception as exc:
             for n in members:
                 failed[n] = exc
-                _abandon(group[n])
-    return failed
+            lost.extend(members)
+    return lost
 
 
 def _release_and_settle(group: list[_Job], failed: dict[int, BaseException]) -> None:
