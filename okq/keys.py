@@ -129,6 +129,19 @@ def item_id(segment: str, index: int) -> str:
     return f"{segment}.{index}"
 
 
+#: ".0", ".1", ...: what ``item_ids`` joins to a segment's id (formatting an int costs
+#: more than the join).
+_INDEX_SUFFIXES: list[str] = [f".{n}" for n in range(1024)]
+
+
+def item_ids(segment: str, count: int) -> list[str]:
+    """The ids of a segment's first ``count`` items: ``item_id(segment, n)`` for each."""
+    while count > len(_INDEX_SUFFIXES):
+        _INDEX_SUFFIXES.extend(f".{n}" for n in range(len(_INDEX_SUFFIXES),
+                                                      2 * len(_INDEX_SUFFIXES)))
+    return [segment + suffix for suffix in _INDEX_SUFFIXES[:count]]
+
+
 def parse_item_id(value: str, field: str = "id") -> tuple[str, int]:
     seg, _, idx = value.rpartition(".")
     if not SEGMENT_RE.fullmatch(seg) or not (idx.isascii() and idx.isdigit()):

@@ -21,22 +21,33 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final, cast
+
+import msgspec
 
 from okq.batcher import CALLER, Batcher
 from okq.cell import Cell
 from okq.changes import Unchanged
 from okq.clock import MAX_CLOCK_SKEW_MS, Clock
 from okq.errors import CASConflict, ObjectNotFound, PublishAborted, StorageError
-from okq.keys import item_id, lease_key, new_segment_id, parse_item_id, segment_key, split_partition
+from okq.keys import (
+    item_id,
+    item_ids,
+    lease_key,
+    new_segment_id,
+    parse_item_id,
+    segment_key,
+    split_partition,
+)
 from okq.manifest_ops import KeysTaken, Publish, PublishWritten, live_key
 from okq.model import Manifest, Segment, SegmentItem, SegmentMeta, encode_segment, groups_of
 from okq.store.base import Store
 
 
-@dataclass(slots=True)
-class NewItem:
+class NewItem(msgspec.Struct):
+    """An item to produce. A msgspec Struct, as ``okq.model.SegmentItem`` is: one
+    is made per produced item."""
+
     payload: bytes
     enqueue_at_ms: int | None = None
     key: str | None = None  # producer idempotency key
@@ -86,7 +97,7 @@ class Produced(list[str]):
 
 
 def _size(items: list[NewItem]) -> int:
-    return sum(len(i.payload) for i in items)
+    return sum([len(i.payload) for i in items])  # a list is built faster than a generator runs
 
 
 class Publisher:
@@ -208,7 +219,9 @@ class Publisher:
                 continue
             for dup, first_of in twins.items():
                 ids[dup], seqs[dup] = ids[first_of], seqs[first_of]
-            return [i or "" for i in ids] if None in ids else cast(list[str], ids), fresh, seqs
+            # Every item fresh: every id is set (a scan for None costs a compare each).
+            complete = len(fresh) == len(items) or None not in ids
+            return cast(list[str], ids) if complete else [i or "" for i in ids], fresh, seqs
         raise PublishAborted("idempotency keys kept changing under this produce; retry it")
 
     async def _manifest_for(self, items: list[NewItem], keyed: bool) -> Manifest | None:
@@ -261,7 +274,7 @@ class Publisher:
         every = len(fresh) == len(items)  # fresh is then 0, 1, ...: no key answered any
         meta = await self.write_segment(items if every else [items[i] for i in fresh])
         if every:
-            ids[:] = [f"{meta.id}.{n}" for n in range(len(items))]  # item_id, written out
+            ids[:] = item_ids(meta.id, len(items))
         else:
             for n, i in enumerate(fresh):
                 ids[i] = item_id(meta.id, n)

@@ -342,6 +342,23 @@ async def test_queue_lifecycle(engine: Engine) -> None:
     assert await engine.list_queues() == ["dlq"]
 
 
+async def test_each_item_of_a_produce_is_checked(engine: Engine) -> None:
+    # A batch of plain payloads passes its checks in bulk; one bad item anywhere in
+    # it is still refused, and named.
+    limit = engine.opts.max_item_bytes
+    assert len(await engine.produce("q", [b"x" * limit] * 3)) == 3  # at the limit: fine
+    with pytest.raises(TooLarge) as too_large:
+        await engine.produce("q", [b"x", b"y", b"z" * (limit + 1), b"w"])
+    assert too_large.value.details["field"] == "items[2]"
+    with pytest.raises(InvalidRequest) as err:
+        await engine.produce("q", [NewItem(b"a"), NewItem(b"b", enqueue_at_ms=-1)])
+    assert err.value.field == "items[1].enqueue_at"
+    with pytest.raises(InvalidRequest) as err:
+        await engine.produce("q", [NewItem(b"a"), NewItem(b"b", meta={"headers": {"a": 1}})])
+    assert err.value.field == "items[1].headers"
+    assert (await engine.stats("q")).available == 3  # nothing of the refused calls
+
+
 async def test_input_limits(engine: Engine) -> None:
     with pytest.raises(TooLarge):
         await engine.produce("q", [b"x" * (engine.opts.max_item_bytes + 1)])

@@ -122,6 +122,13 @@ def test_item_id_round_trip(index: int) -> None:
     assert keys.parse_item_id(keys.item_id(SEG, index)) == (SEG, index)
 
 
+@pytest.mark.parametrize("count", [0, 1, 1024, 1025, 5000])
+def test_item_ids_are_each_items_id(count: int) -> None:
+    # the suffix table grows past its first 1,024 when a segment is longer
+    assert keys.item_ids(SEG, count) == [keys.item_id(SEG, n) for n in range(count)]
+    assert keys.item_ids(SEG, 3) == [f"{SEG}.0", f"{SEG}.1", f"{SEG}.2"]
+
+
 @pytest.mark.parametrize(
     "value",
     [
