@@ -388,6 +388,17 @@ def classify(st: ItemState, now: int) -> tuple[str, int | None]:
     return "dead_lettered", None
 
 
+_READY: Final = 1
+_IN_FLIGHT: Final = 2
+_HALF_DONE: Final = 4
+#: Each state in READY_STATES, IN_FLIGHT and HALF_DONE, as bits of one number.
+_SUMMARY_KIND: Final[dict[str, int]] = {
+    code: (_READY if code in READY_STATES else 0) | (_IN_FLIGHT if code in IN_FLIGHT else 0)
+    | (_HALF_DONE if code in HALF_DONE else 0)
+    for code in (LEASED, WAITING, DONE, DEAD_PENDING, DEAD, OUTPUTS_PENDING)
+}
+
+
 def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | None
               ) -> tuple[list[tuple[int, int, int]], bool, list[tuple[int, int]]]:
     """What a lease walk needs of a segment of ``count`` items: its candidates by
@@ -400,25 +411,31 @@ def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | 
     items were produced before any of its leases ends, so the join is commonly
     one after the other, and a sort of the whole (every candidate compared, its
     order mostly equal: a tuple compare each) is left for when they interleave."""
-    ready: list[tuple[int, int, int]] = []
+    # Entries are read and made as Python objects (``Any``): compiled, a typed
+    # tuple or int is unboxed when read and boxed again (a new object each, for a
+    # time in ms or an index past 256) when put in a list.
+    ready: list[Any] = []
     stalled: list[tuple[int, int]] = []
     inflight = False
     if obj.sealed:  # a compactor is merging it: nothing in it is leasable
         return ready, inflight, stalled
-    states = obj.items
-    for idx, st in states.items():
-        if idx >= count:
+    states: dict[Any, ItemState] = obj.items
+    for key, st in states.items():
+        index: int = key  # compared unboxed; the entry keeps the key itself
+        if index >= count:
             continue
-        if st.s in IN_FLIGHT:
-            inflight = True
-            if st.s in HALF_DONE:
-                stalled.append((st.t, idx))
-        if st.s in READY_STATES:
+        kind = _SUMMARY_KIND.get(st.s, 0)  # one lookup for the three sets
+        if kind & _READY:
             t: object = st.t  # boxed once for both places
-            ready.append((t, idx, t))  # type: ignore[arg-type]
+            ready.append((t, key, t))
+        if kind & _IN_FLIGHT:
+            inflight = True
+            if kind & _HALF_DONE:
+                stalled.append((st.t, index))
     ready.sort()
     if fresh is not None and len(states) < count:
-        rest = [c for c in fresh if c[1] not in states]  # sorted, as fresh is
+        every: list[Any] = fresh
+        rest = [c for c in every if c[1] not in states]  # sorted, as fresh is
         if rest and (not ready or rest[-1] <= ready[0]):
             rest.extend(ready)
             ready = rest

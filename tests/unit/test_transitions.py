@@ -570,14 +570,21 @@ def test_a_summarys_candidates_are_every_ready_state_and_fresh_item_in_order(see
     """Candidates of states and of fresh items are sorted apart and joined: the same
     list as sorting them all, whether they interleave or not."""
     rng = random.Random(seed)
-    count = rng.randint(1, 30)
+    count = rng.randint(1, 30) if seed % 4 else rng.randint(250, 600)  # indexes past 256 too
     base = rng.choice([0, 1_000, 5_000])  # fresh items before, among or after the states
     fresh = sorted((base + rng.randint(0, 3) * 100, n, 0) for n in range(count))
     kinds = [tr.LEASED, tr.WAITING, tr.DONE, tr.DEAD, tr.DEAD_PENDING, tr.OUTPUTS_PENDING]
     states = {n: tr.ItemState(rng.choice(kinds), 1, 1, rng.randint(0, 6_000))
               for n in rng.sample(range(count), rng.randint(0, count))}
-    ready, _, _ = tr.summarise(tr.LeaseObject("s", dict(states)), count, fresh)
-    want = sorted([(st.t, n, st.t) for n, st in states.items()
+    if len(states) < count - 1 and seed % 2:
+        states[count + 1] = tr.ItemState(tr.LEASED, 1, 1, 0)  # past the segment: not its
+    ready, inflight, stalled = tr.summarise(tr.LeaseObject("s", dict(states)), count, fresh)
+    mine = {n: st for n, st in states.items() if n < count}
+    want = sorted([(st.t, n, st.t) for n, st in mine.items()
                    if st.s in tr.READY_STATES]
                   + [c for c in fresh if c[1] not in states])
     assert ready == want
+    # the states are classed as the sets say
+    assert inflight == any(st.s in tr.IN_FLIGHT for st in mine.values())
+    assert stalled == sorted(((st.t, n) for n, st in mine.items() if st.s in tr.HALF_DONE),
+                             key=lambda e: e[1])
