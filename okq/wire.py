@@ -17,7 +17,6 @@ import binascii
 import builtins
 import functools
 import re
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal, Protocol, TypeVar
 
@@ -35,6 +34,7 @@ from pydantic import (
 
 from okq.clock import assume_utc
 from okq.headers import check_headers, split_meta
+from okq.leases import LeasedItem, reply_rows
 from okq.limits import (
     DELAY_MAX,
     GROUP_MAX,
@@ -359,25 +359,12 @@ def leased_item_plain(i: Leased) -> LeasedItemPlain:
 _PLAIN_ENCODER = msgspec.msgpack.Encoder()
 
 
-def lease_reply_plain(queue: str, items: Sequence[Leased]) -> builtins.bytes:
+def lease_reply_plain(queue: str, items: list[LeasedItem]) -> builtins.bytes:
     """A lease's msgpack reply (the hot path): a struct per item, no model. Each is
-    ``leased_item_plain``'s, written out in one loop: a batch shares its deadline and
-    a segment's items their produce time, so a time is spelt again only when it
-    changes."""
-    plain = []
-    deadline_ms = produced_ms = -1
-    deadline = produced = ""
-    for i in items:
-        if i.lease_deadline_ms != deadline_ms:
-            deadline_ms, deadline = i.lease_deadline_ms, iso_time(i.lease_deadline_ms)
-        if i.produced_ms != produced_ms:
-            produced_ms, produced = i.produced_ms, iso_time(i.produced_ms)
-        meta, headers = split_meta(i.meta) if i.meta else (i.meta, None)
-        plain.append(LeasedItemPlain(
-            i.id, i.token, i.attempts, deadline, produced,
-            None if i.enqueue_at_ms is None else iso_time(i.enqueue_at_ms), i.payload, meta,
-            headers or None))
-    return _PLAIN_ENCODER.encode(LeaseReplyPlain(queue, plain))
+    ``leased_item_plain``'s, made by ``okq.leases.reply_rows`` (compiled with the
+    hot path)."""
+    return _PLAIN_ENCODER.encode(LeaseReplyPlain(queue, reply_rows(items, iso_time,
+                                                                   LeasedItemPlain)))
 
 
 def produce_reply_plain(queue: str, ids: list[str], duplicates: int | None) -> builtins.bytes:

@@ -120,11 +120,9 @@ def test_engine_items_show_headers() -> None:
 
 
 def test_wire_items_show_headers_and_meta_without_them() -> None:
-    from types import SimpleNamespace
+    from okq.leases import LeasedItem
 
-    leased = SimpleNamespace(id="i", token="t", attempts=1, lease_deadline_ms=1, produced_ms=1,
-                             enqueue_at_ms=None, payload=b"p",
-                             meta={**SQS_META, "headers": {"a": "1"}})
+    leased = LeasedItem("i", "q", "t", 1, 1, b"p", 1, meta={**SQS_META, "headers": {"a": "1"}})
     out = s.leased_item_out(leased)
     assert out.headers == {"a": "1", "s": "from sqs"} and out.meta == SQS_META
     plain = msgpack.unpackb(s.lease_reply_plain("q", [leased]))["items"][0]

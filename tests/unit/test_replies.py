@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, timedelta
-from types import SimpleNamespace, TracebackType
+from types import TracebackType
 from typing import Any
 
 import msgpack
@@ -16,11 +16,12 @@ from okq import replies
 from okq import wire as s
 from okq.client import Client
 from okq.errors import OkqError
+from okq.leases import LeasedItem
 
 T0 = 1_764_669_600_123
 
 
-def engine_items() -> list[SimpleNamespace]:
+def engine_items() -> list[LeasedItem]:
     """What the engine says of leased items (``okq.wire.Leased``), in every shape the
     wire shows: text and binary payloads, with and without meta and enqueue_at."""
     shapes = [
@@ -33,9 +34,8 @@ def engine_items() -> list[SimpleNamespace]:
         (b"sqs", {"sqs": {"attrs": {"s": ["String", "v"], "n": ["Number", "1"]}},
                   "headers": {"h": "x"}}, None),
     ]
-    return [SimpleNamespace(id=f"{n:026d}", token=f"v1.token{n}", attempts=n + 1,
-                            lease_deadline_ms=T0 + 30_000, produced_ms=T0 - n * 7,
-                            enqueue_at_ms=enqueue, payload=payload, meta=meta)
+    return [LeasedItem(f"{n:026d}", "q", f"v1.token{n}", n + 1, T0 + 30_000, payload,
+                       T0 - n * 7, enqueue, meta)
             for n, (payload, meta, enqueue) in enumerate(shapes)]
 
 
@@ -276,9 +276,10 @@ def test_utf8_is_the_strict_decoding_whatever_the_first_byte() -> None:
     """``utf8`` skips the decode for a first byte no UTF-8 text begins with: for every
     first byte and tail, it is the payload decoded strictly or None, on both paths."""
     payloads = [bytes([first]) + tail for first in range(256) for tail in TAILS]
-    items = engine_items()[:1] * len(payloads)
-    for n, payload in enumerate(payloads):
-        items[n] = SimpleNamespace(**{**vars(items[n]), "payload": payload})
+    first = engine_items()[0]
+    items = [LeasedItem(first.id, first.queue, first.token, first.attempts,
+                        first.lease_deadline_ms, payload, first.produced_ms)
+             for payload in payloads]
     got = replies.leased_items(msgpack_reply(items))
     assert [i.utf8 for i in got] == [strict_utf8(p) for p in payloads]
     assert [s.utf8_or_none(p) for p in payloads] == [strict_utf8(p) for p in payloads]
