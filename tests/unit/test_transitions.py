@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -588,3 +589,32 @@ def test_a_summarys_candidates_are_every_ready_state_and_fresh_item_in_order(see
     assert inflight == any(st.s in tr.IN_FLIGHT for st in mine.values())
     assert stalled == sorted(((st.t, n) for n, st in mine.items() if st.s in tr.HALF_DONE),
                              key=lambda e: e[1])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_complete_many_is_complete_for_each_delivery_in_turn(seed: int) -> None:
+    """The batch form answers each delivery as complete() would, in its order (a
+    delivery named twice is completed, then completed again without a change),
+    leaves the same states, and is Unchanged exactly when none was completed now."""
+    rng = random.Random(seed)
+    kinds = [tr.LEASED, tr.WAITING, tr.DONE, tr.DEAD, tr.DEAD_PENDING, tr.OUTPUTS_PENDING]
+    states = {n: tr.ItemState(rng.choice(kinds), rng.randint(1, 3), 1, NOW)
+              for n in rng.sample(range(300), rng.randint(0, 40))}
+    pool = list(states) + [rng.randint(0, 299) for _ in range(3)]
+    ds = [SimpleNamespace(index=rng.choice(pool), v=rng.randint(1, 3))
+          for _ in range(rng.randint(1, 30))]
+    batch, one_by_one = LeaseObject("s", dict(states)), LeaseObject("s", dict(states))
+    got = tr.complete_many(batch, ds)
+    want: list[Any] = []
+    changed = False
+    for d in ds:
+        try:
+            changed |= not isinstance(tr.complete(one_by_one, d.index, d.v), Unchanged)
+            want.append(None)
+        except LeaseLost as exc:
+            want.append(exc)
+    assert isinstance(got, Unchanged) == (not changed)
+    answers = got.value if isinstance(got, Unchanged) else got
+    assert [None if a is None else (type(a), str(a), a.details) for a in answers] == \
+        [None if w is None else (type(w), str(w), w.details) for w in want]
+    assert batch.items == one_by_one.items
