@@ -11,7 +11,9 @@ A conditional write compares the ETag of the bytes on disk, read and hashed
 under the lock, never a cached one: a file's (inode, mtime, size) does not name
 its version, since inode numbers are reused (two writes of one key alternate
 between two inodes on ext4) and two writes within one timestamp tick share an
-mtime, so A -> B -> C by another process can give C the triple of A.
+mtime, so A -> B -> C by another process can give C the triple of A. (Bytes on
+disk equal to those this store last wrote there are not hashed again: the same
+bytes have the same ETag.)
 
 What runs where: on this VM class a hand-off to a thread and back costs about
 200 us of CPU, and every system call a thread makes while the event loop runs
@@ -78,6 +80,12 @@ RACY_NS = 2_000_000_000
 #: Objects up to this size are read and hashed on the event loop (page-cache
 #: work of a few tens of microseconds); larger ones in a thread.
 INLINE_BYTES = 256 * 1024
+#: The last bytes this store wrote at a path, with their ETag, kept for objects up
+#: to WRITTEN_BYTES and for up to WRITTEN_KEEP paths (at most 32 MiB): a
+#: conditional write that finds the same bytes on disk knows their ETag without
+#: hashing them (equal bytes, equal MD5), and hashes only bytes it has not seen.
+WRITTEN_BYTES = 16 * 1024
+WRITTEN_KEEP = 2048
 #: What reading a key's path raises when no object has that key: nothing there,
 #: a parent that is an object ("a" when reading "a/b"), or a directory that only
 #: holds deeper keys ("a" when "a/b" exists).
@@ -157,6 +165,7 @@ class FileStore:
         # system call it names (``Path / str`` parses its argument).
         self._root = str(self.root)
         self._etags: dict[str, tuple[tuple[int, int, int], str]] = {}
+        self._written: dict[str, tuple[bytes, str]] = {}  # path: last bytes written, ETag
         self._stripes: dict[str, asyncio.Lock] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._spares = _Spares()
@@ -251,11 +260,24 @@ class FileStore:
         """The ETag of the bytes on disk now (None: no object), for a CAS check made
         under the key's lock: hashed from the content, never from the cache."""
         try:
-            return etag_of(_read_path(path))
+            data = _read_path(path)
         except _ABSENT:
             return None
         except OSError as exc:
             raise StorageError(f"reading {key!r}: {exc}", key=key) from exc
+        written = self._written.get(path)
+        if written is not None and written[0] == data:
+            return written[1]
+        return etag_of(data)
+
+    def _remember(self, path: str, data: bytes) -> str:
+        """``data``'s ETag, kept with it for the next conditional write of ``path``."""
+        etag = etag_of(data)
+        if len(data) <= WRITTEN_BYTES:
+            if len(self._written) >= WRITTEN_KEEP and path not in self._written:
+                self._written.clear()
+            self._written[path] = (data, etag)
+        return etag
 
     def _exists(self, key: str, path: str) -> bool:
         """Whether an object has this key: a regular file (a directory only holds
@@ -347,7 +369,7 @@ class FileStore:
         await _hand_off(held, f"writing {key!r}", key, folder, (tmp, fd, path),
                         None if if_none_match else self._spares,
                         None if taken is None or tmp != taken[0] else taken[1])
-        return etag_of(data) if want_etag else ""
+        return self._remember(path, data) if want_etag else ""
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
         path = self._path(key)

@@ -122,3 +122,38 @@ async def test_stale_if_match_refused_across_processes(tmp_path: Path) -> None:
     assert triple((root / KEY).stat()) == triple(st_a)  # C looks like A by stat
     assert etag_c != etag_a
     await assert_stale_if_match_refused(holder, "put", etag_a, data_c.encode())
+
+
+async def test_bytes_it_wrote_are_compared_not_hashed_and_others_are_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conditional write whose key holds the bytes this store wrote there last
+    knows their ETag without hashing them; once another writer changed them, it
+    hashes what is on disk: a stale ETag is refused, and bytes equal to the ones
+    it holds (written back by the other) have that ETag again."""
+    import okq.store.file as file_store
+
+    hashed: list[bytes] = []
+    real = file_store.etag_of
+
+    def counting(data: bytes) -> str:
+        hashed.append(bytes(data))
+        return real(data)
+
+    monkeypatch.setattr(file_store, "etag_of", counting)
+    mine, other = FileStore(tmp_path), FileStore(tmp_path)
+    try:
+        a = await mine.put(KEY, payload("A"))
+        hashed.clear()
+        b = await mine.put(KEY, payload("B"), if_match=a)
+        assert hashed == [payload("B")]  # only the new bytes: A on disk was compared
+        await other.put(KEY, payload("C"), if_match=b)
+        hashed.clear()
+        with pytest.raises(CASConflict):
+            await mine.put(KEY, payload("D"), if_match=b)
+        assert hashed == [payload("C")]  # bytes it never wrote: hashed
+        await other.put(KEY, payload("B"))  # the other writes B's bytes back
+        assert await mine.put(KEY, payload("E"), if_match=b) == real(payload("E"))
+    finally:
+        await mine.close()
+        await other.close()
