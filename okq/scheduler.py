@@ -199,9 +199,8 @@ class Scheduler:
                     picks, next_ready = await self._pick(q, m, n - len(out))
                     if not picks:
                         break
-                    groups: dict[str, tuple[SegmentMeta, list[tuple[int, int]]]] = {}
-                    for _, sid, idx, due, sm in picks:
-                        groups.setdefault(sid, (sm, []))[1].append((idx, due))
+                    groups: dict[str, tuple[SegmentMeta, list[tuple[int, int]]]] = \
+                        tr.by_segment(picks)
                     if len(groups) == 1:  # one segment: no task to run it beside others
                         [(sm, w)] = groups.values()
                         results = [await self._lease_in(q, m.config, sm, w, lease_ms, fresh_cfg)]
@@ -258,28 +257,15 @@ class Scheduler:
                 q.manifest.forget()
                 continue
             penalty = backoff if now - cell.conflict_ms < backoff else 0
-            taken = 0
             # Only a fresh unscheduled entry is due before its order (due 0); every
             # other is due at it. Past the last fresh entry's order, then, the first
             # entry not due yet is the first to come due (its order), and so is every
             # later one after it: the walk stops there rather than pass each item
-            # in flight.
+            # in flight. (Item by item in okq.leases, compiled with the hot path.)
             fresh = summary.fresh
             fresh_until = fresh[-1][0] if fresh else -1
-            for order, idx, due in summary.ready:
-                if due > now or order > horizon:
-                    if order > fresh_until and order > now:
-                        next_ready = order if next_ready is None else min(next_ready, order)
-                        break
-                    soon = max(due, order) if order > horizon else due
-                    next_ready = soon if next_ready is None else min(next_ready, soon)
-                    if order > horizon:
-                        break
-                    continue
-                cands.append((order + penalty, sm.id, idx, due, sm))
-                taken += 1
-                if taken == n:  # the rest of this segment comes later in line
-                    break
+            _, next_ready = tr.take_ready(summary.ready, now, horizon, fresh_until, n,
+                                          next_ready, cands, penalty, sm.id, sm)
             self._note_stalled(q, sm, summary, now)
         cands.sort()
         return cands[:n], next_ready

@@ -48,13 +48,14 @@ from okq.model import (
 __all__ = [
     "DEAD", "DEAD_PENDING", "DONE", "FINISHED", "GONE_STATES", "HALF_DONE", "IN_FLIGHT", "LEASED",
     "OUTPUTS_PENDING", "READY_STATES", "WAITING", "ItemState", "LeaseObject", "Leased",
-    "LeasedItem", "SealRefused", "abandon_outputs", "all_finished", "carried", "classify",
+    "LeasedItem", "SealRefused", "abandon_outputs", "all_finished", "by_segment", "carried",
+    "classify",
     "complete", "complete_many", "current", "decode_lease", "deliveries_of", "encode_lease",
     "exhausted", "expire", "finish_dead", "finish_outputs", "is_available", "is_finished",
     "is_idle", "lease",
     "leased_items", "left_queue", "ready_at", "recognise", "renew", "reply_rows", "retry",
     "retry_attempts",
-    "seal", "summarise",
+    "seal", "summarise", "take_ready",
 ]
 
 # -- states ----------------------------------------------------------------------
@@ -485,6 +486,52 @@ def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | 
                 ready.sort()
     stalled.sort(key=lambda s: s[1])
     return ready, inflight, stalled
+
+
+def take_ready(ready: list[Any], now: int, horizon: int, fresh_until: int, n: int,
+               next_ready: int | None, into: list[Any], penalty: int, segment: str,
+               sm: object) -> tuple[int, int | None]:
+    """The standard lease walk through one segment's summary ``ready``, (order,
+    index, due) by order (okq/scheduler.py ``_pick``, which explains it): up to
+    ``n`` entries due by ``now`` and ordered by ``horizon`` are put in ``into`` as
+    candidates ``(order + penalty, segment, index, due, sm)``; returns how many,
+    and ``next_ready``, lowered to the first time an entry passed comes due. The
+    walk stops at the first entry not due past ``fresh_until`` (the latest order
+    of a fresh entry) and ``now``: every later one comes due after it."""
+    taken = 0
+    for e in ready:
+        order: int = e[0]
+        due: int = e[2]
+        if due > now or order > horizon:
+            if order > fresh_until and order > now:
+                if next_ready is None or order < next_ready:
+                    next_ready = order
+                break
+            soon = (due if due > order else order) if order > horizon else due
+            if next_ready is None or soon < next_ready:
+                next_ready = soon
+            if order > horizon:
+                break
+            continue
+        into.append((order + penalty, segment, e[1], e[2], sm))
+        taken += 1
+        if taken == n:  # the rest of this segment comes later in line
+            break
+    return taken, next_ready
+
+
+def by_segment(picks: list[Any]) -> dict[str, tuple[Any, list[Any]]]:
+    """``take_ready``'s candidates by segment, in the order each segment first
+    comes: segment id -> (its SegmentMeta, [(index, due), ...])."""
+    groups: dict[str, tuple[Any, list[Any]]] = {}
+    for p in picks:
+        segment: str = p[1]
+        group = groups.get(segment)
+        if group is None:
+            group = (p[4], [])
+            groups[segment] = group
+        group[1].append((p[2], p[3]))
+    return groups
 
 
 def carried(st: ItemState) -> ItemState:

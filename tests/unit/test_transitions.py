@@ -618,3 +618,49 @@ def test_complete_many_is_complete_for_each_delivery_in_turn(seed: int) -> None:
     assert [None if a is None else (type(a), str(a), a.details) for a in answers] == \
         [None if w is None else (type(w), str(w), w.details) for w in want]
     assert batch.items == one_by_one.items
+
+
+def walk_reference(ready: list[tuple[int, int, int]], now: int, horizon: int,
+                   fresh_until: int, n: int, next_ready: int | None, penalty: int
+                   ) -> tuple[list[tuple[int, str, int, int, str]], int | None]:
+    """The standard walk through one segment as okq/scheduler.py ``_pick`` wrote it
+    before the loop moved to okq.leases.take_ready."""
+    cands: list[tuple[int, str, int, int, str]] = []
+    for order, idx, due in ready:
+        if due > now or order > horizon:
+            if order > fresh_until and order > now:
+                next_ready = order if next_ready is None else min(next_ready, order)
+                break
+            soon = max(due, order) if order > horizon else due
+            next_ready = soon if next_ready is None else min(next_ready, soon)
+            if order > horizon:
+                break
+            continue
+        cands.append((order + penalty, "seg", idx, due, "sm"))
+        if len(cands) == n:
+            break
+    return cands, next_ready
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_take_ready_walks_a_segment_as_the_scheduler_did(seed: int) -> None:
+    rng = random.Random(seed)
+    now = 10_000
+    ready = sorted((rng.randint(now - 3_000, now + 3_000), i,
+                    rng.choice([0, rng.randint(now - 3_000, now + 3_000)]))
+                   for i in range(rng.randint(0, 60)))
+    fresh_until = rng.choice([-1, now - 1_000, now + 1_000])
+    horizon = now + rng.choice([0, 500, 5_000])
+    n = rng.randint(1, 30)
+    before = rng.choice([None, now + 2_000, now - 10])
+    penalty = rng.choice([0, 100])
+    into: list[Any] = [("earlier",)]  # candidates of segments walked before: kept
+    taken, next_ready = tr.take_ready(ready, now, horizon, fresh_until, n, before, into,
+                                      penalty, "seg", "sm")
+    want, want_next = walk_reference(ready, now, horizon, fresh_until, n, before, penalty)
+    assert (into[1:], next_ready, taken) == (want, want_next, len(want))
+    assert into[0] == ("earlier",)
+    groups = tr.by_segment(into[1:] + [(1, "other", 7, 0, "sm2"), (2, "seg", 99, 5, "sm")])
+    assert list(groups) == (["seg", "other"] if want else ["other", "seg"])
+    assert groups["seg"] == ("sm", [(c[2], c[3]) for c in want] + [(99, 5)])
+    assert groups["other"] == ("sm2", [(7, 0)])
