@@ -195,6 +195,7 @@ def leased_items(queue: str, sm: SegmentMeta, items: list[SegmentItem], leased: 
         raise ValueError(f"{len(leased)} items leased, {len(tokens)} tokens")
     out: list[LeasedItem] = []
     segment, created, first_seq = sm.id, sm.created_ms, sm.seq
+    dotted = segment + "."
     for n, x in enumerate(leased):
         index = x.index
         item = items[index]
@@ -202,7 +203,7 @@ def leased_items(queue: str, sm: SegmentMeta, items: list[SegmentItem], leased: 
         seq = item.seq  # SegmentMeta.item_seq, inlined
         if seq is None and first_seq is not None:
             seq = first_seq + index
-        out.append(LeasedItem(f"{segment}.{index}",  # okq.keys.item_id, inlined
+        out.append(LeasedItem(dotted + str(index),  # okq.keys.item_id, inlined
                               queue, tokens[n], x.attempts, x.deadline_ms, item.payload,
                               born if born else created, item.enqueue_at_ms, item.meta,
                               x.first_ms, seq))
@@ -488,7 +489,8 @@ def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | 
     return ready, inflight, stalled
 
 
-def take_ready(ready: list[Any], now: int, horizon: int, fresh_until: int, n: int,
+def take_ready(ready: list[tuple[Any, Any, Any]], now: int, horizon: int, fresh_until: int,
+               n: int,
                next_ready: int | None, into: list[Any], penalty: int, segment: str,
                sm: object) -> tuple[int, int | None]:
     """The standard lease walk through one segment's summary ``ready``, (order,
@@ -499,7 +501,7 @@ def take_ready(ready: list[Any], now: int, horizon: int, fresh_until: int, n: in
     walk stops at the first entry not due past ``fresh_until`` (the latest order
     of a fresh entry) and ``now``: every later one comes due after it."""
     taken = 0
-    for e in ready:
+    for e in ready:  # a tuple of objects: compiled, its items are taken out once
         order: int = e[0]
         due: int = e[2]
         if due > now or order > horizon:
@@ -520,12 +522,13 @@ def take_ready(ready: list[Any], now: int, horizon: int, fresh_until: int, n: in
     return taken, next_ready
 
 
-def by_segment(picks: list[Any]) -> dict[str, tuple[Any, list[Any]]]:
+def by_segment(picks: list[tuple[Any, str, Any, Any, Any]]
+               ) -> dict[str, tuple[Any, list[Any]]]:
     """``take_ready``'s candidates by segment, in the order each segment first
     comes: segment id -> (its SegmentMeta, [(index, due), ...])."""
     groups: dict[str, tuple[Any, list[Any]]] = {}
     for p in picks:
-        segment: str = p[1]
+        segment = p[1]
         group = groups.get(segment)
         if group is None:
             group = (p[4], [])
