@@ -660,7 +660,7 @@ def test_take_ready_walks_a_segment_as_the_scheduler_did(seed: int) -> None:
     want, want_next = walk_reference(ready, now, horizon, fresh_until, n, before, penalty)
     assert (into[1:], next_ready, taken) == (want, want_next, len(want))
     assert into[0] == ("earlier",)
-    groups = tr.by_segment(into[1:] + [(1, "other", 7, 0, "sm2"), (2, "seg", 99, 5, "sm")])
+    groups = tr.by_segment([*into[1:], (1, "other", 7, 0, "sm2"), (2, "seg", 99, 5, "sm")])
     assert list(groups) == (["seg", "other"] if want else ["other", "seg"])
     assert groups["seg"] == ("sm", [(c[2], c[3]) for c in want] + [(99, 5)])
     assert groups["other"] == ("sm2", [(7, 0)])
