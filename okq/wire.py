@@ -34,7 +34,6 @@ from pydantic import (
 
 from okq.clock import assume_utc
 from okq.headers import check_headers, split_meta
-from okq.leases import LeasedItem, reply_rows
 from okq.limits import (
     DELAY_MAX,
     GROUP_MAX,
@@ -357,14 +356,6 @@ def leased_item_plain(i: Leased) -> LeasedItemPlain:
 
 
 _PLAIN_ENCODER = msgspec.msgpack.Encoder()
-
-
-def lease_reply_plain(queue: str, items: list[LeasedItem]) -> builtins.bytes:
-    """A lease's msgpack reply (the hot path): a struct per item, no model. Each is
-    ``leased_item_plain``'s, made by ``okq.leases.reply_rows`` (compiled with the
-    hot path)."""
-    return _PLAIN_ENCODER.encode(LeaseReplyPlain(queue, reply_rows(items, iso_time,
-                                                                   LeasedItemPlain)))
 
 
 def produce_reply_plain(queue: str, ids: list[str], duplicates: int | None) -> builtins.bytes:

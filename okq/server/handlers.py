@@ -33,6 +33,7 @@ from okq.publisher import NewItem, Produced
 from okq.server.codec import (
     body_format,
     decode_body,
+    lease_reply_plain,
     read_body,
     read_bytes,
     respond,
@@ -214,7 +215,7 @@ async def lease(request: web.Request) -> web.Response:
     items = await run(request, ops.Lease(body.queue_name, body.batch_size, body.lease_timeout,
                                          body.request_timeout))
     if wants_msgpack(request):  # the hot path: no model per item
-        return respond_msgpack(s.lease_reply_plain(body.queue_name, items))
+        return respond_msgpack(lease_reply_plain(body.queue_name, items))
     return respond(request, s.LeaseResponse(queue_name=body.queue_name,
                                             items=[s.leased_item_out(i) for i in items]))
 

@@ -43,3 +43,18 @@ def test_serve_help_loads_the_settings_not_the_server() -> None:
     loaded = loaded_by("serve", "--help")
     assert "okq.settings" in loaded
     assert not {m for m in loaded if m.startswith("okq.server")}, "the node is loaded"
+
+
+def test_the_client_loads_no_node_parts() -> None:
+    """``okq.client`` is what a producer or a worker imports: the node's hot path,
+    its stored-object models and its engine stay out (each import costs every
+    client process start-up time and memory)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import json, sys, okq.client; "
+         "print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True, text=True, timeout=60, check=True)
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    node = {m for m in loaded if m in ("okq.leases", "okq.tokens", "okq.model", "okq.engine",
+                                       "okq.server", "okq.native")
+            or m.startswith(("okq._compiled", "okq._pure", "okq.server."))}
+    assert not node, sorted(node)

@@ -17,6 +17,7 @@ from okq.headers import headers_of, split_meta, with_headers
 from okq.limits import MAX_HEADERS, MAX_HEADERS_BYTES
 from okq.publisher import NewItem
 from okq.runtime import EngineOptions
+from okq.server.codec import lease_reply_plain
 from okq.server.handlers import _validate
 from okq.sqs import messages as msg
 
@@ -125,10 +126,10 @@ def test_wire_items_show_headers_and_meta_without_them() -> None:
     leased = LeasedItem("i", "q", "t", 1, 1, b"p", 1, meta={**SQS_META, "headers": {"a": "1"}})
     out = s.leased_item_out(leased)
     assert out.headers == {"a": "1", "s": "from sqs"} and out.meta == SQS_META
-    plain = msgpack.unpackb(s.lease_reply_plain("q", [leased]))["items"][0]
+    plain = msgpack.unpackb(lease_reply_plain("q", [leased]))["items"][0]
     assert plain["headers"] == out.headers and plain["meta"] == SQS_META
     leased.meta = None
-    assert "headers" not in msgpack.unpackb(s.lease_reply_plain("q", [leased]))["items"][0]
+    assert "headers" not in msgpack.unpackb(lease_reply_plain("q", [leased]))["items"][0]
     assert s.leased_item_out(leased).headers == {}
 
 

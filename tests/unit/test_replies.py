@@ -17,6 +17,7 @@ from okq import wire as s
 from okq.client import Client
 from okq.errors import OkqError
 from okq.leases import LeasedItem
+from okq.server.codec import lease_reply_plain
 
 T0 = 1_764_669_600_123
 
@@ -41,12 +42,12 @@ def engine_items() -> list[LeasedItem]:
 
 def msgpack_reply(items: list[Any]) -> bytes:
     """A lease reply as the node sends it on msgpack (okq.server.handlers.lease)."""
-    return s.lease_reply_plain("q", items)
+    return lease_reply_plain("q", items)
 
 
 def plain(item: Any) -> dict[str, Any]:
     """One leased item as the node's msgpack reply carries it, as a dict."""
-    return dict(msgpack.unpackb(s.lease_reply_plain("q", [item]))["items"][0])
+    return dict(msgpack.unpackb(lease_reply_plain("q", [item]))["items"][0])
 
 
 def json_reply(items: list[Any]) -> bytes:
@@ -264,7 +265,7 @@ def test_a_lease_reply_is_each_items_plain_struct() -> None:
     items = engine_items() + engine_items()[::-1]
     items[3].lease_deadline_ms += 1  # a deadline that differs from its neighbours'
     want = msgspec.msgpack.encode(s.LeaseReplyPlain("q", [s.leased_item_plain(i) for i in items]))
-    assert s.lease_reply_plain("q", items) == want
+    assert lease_reply_plain("q", items) == want
 
 
 # Tails that make a valid sequence of every length after a lead byte, and some that do not.
