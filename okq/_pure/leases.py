@@ -490,9 +490,8 @@ def summarise(obj: LeaseObject, count: int, fresh: list[tuple[int, int, int]] | 
 
 
 def take_ready(ready: list[tuple[Any, Any, Any]], now: int, horizon: int, fresh_until: int,
-               n: int,
-               next_ready: int | None, into: list[Any], penalty: int, segment: str,
-               sm: object) -> tuple[int, int | None]:
+               n: int, next_ready: int | None, into: list[Any], penalty: int,
+               segment: str, sm: object) -> tuple[int, int | None]:
     """The standard lease walk through one segment's summary ``ready``, (order,
     index, due) by order (okq/scheduler.py ``_pick``, which explains it): up to
     ``n`` entries due by ``now`` and ordered by ``horizon`` are put in ``into`` as

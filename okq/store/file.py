@@ -258,7 +258,9 @@ class FileStore:
 
     def _current_etag(self, key: str, path: str) -> str | None:
         """The ETag of the bytes on disk now (None: no object), for a CAS check made
-        under the key's lock: hashed from the content, never from the cache."""
+        under the key's lock: from the content read now, never from a cached ETag
+        (bytes equal to those this store last wrote there have that write's ETag,
+        unhashed)."""
         try:
             data = _read_path(path)
         except _ABSENT:
