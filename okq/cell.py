@@ -135,13 +135,6 @@ class Cell(Generic[T]):
             self._view, self._view_of = self.cached(), self.data
         return self._view
 
-    def release_view(self) -> None:
-        """Let the decoded object go; its bytes stay, and the next reader decodes
-        them again. For an object unlikely to be read soon (a lease object whose
-        items are all finished): its thousands of item states otherwise stay in
-        the cyclic collector's sight, each full collection the longer."""
-        self._view = self._view_of = None
-
     def cached(self) -> T | None:
         if self.data is None:
             known_absent = self.fetched_ms is not None

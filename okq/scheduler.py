@@ -362,8 +362,6 @@ class Scheduler:
                 q.manifest.forget()
                 break
             self._note_stalled(q, sm, summary, now)
-            if sm.id in q.finished:
-                continue  # found all finished just now: as above
             if summary.groups is None:
                 summary.groups = frozenset(g for g, _ in layout)
             if None not in summary.groups and summary.groups <= blocked:
@@ -441,8 +439,7 @@ class Scheduler:
                              else (None, None)))
         q.summaries[sm.id] = (cell.data, summary)
         if not summary.ready and not summary.inflight and tr.all_finished(obj, sm.count):
-            q.finished.add(sm.id)  # no walk reads it again
-            cell.release_view()
+            q.finished.add(sm.id)
         return summary
 
     async def _lease_in(
