@@ -1,7 +1,12 @@
 """The file store's recycled files (okq/store/file.py, "Recycled files"): an
 overwrite keeps the old version's file as a spare, a later write in the folder
 writes into it once it has been retired for SPARE_AGE, and no read spans a
-reuse."""
+reuse.
+
+These are the writes that replace a whole file (a temporary file renamed over
+it): an overwrite of an object over SLOT_MAX, and every write here, as the
+fixture below makes every object too big to be slotted (test_file_store_slots.py
+covers overwrites in place)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,12 @@ import pytest
 from okq.errors import CASConflict, StorageError
 from okq.store import file as file_store
 from okq.store.file import FileStore
+
+
+@pytest.fixture(autouse=True)
+def whole_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_store, "SLOT_MAX", -1)
+    monkeypatch.setattr(file_store, "SLOT_NEW_MAX", -1)
 
 
 def spares(folder: Path) -> dict[int, bytes]:

@@ -11,6 +11,11 @@ inode back only most of the time. The writer keeps A's inode alive with a hard
 link and moves C onto it, as if the filesystem had given C's temporary file
 A's inode, then sets C's timestamps to A's with ``os.utime``, as a
 coarse-timestamp filesystem (or one tick) would.
+
+These are writes that replace a whole file (a temporary file renamed over it):
+the fixture below makes every object too big to be slotted, in this process and
+in the writer's (an overwrite in place keeps its file and compares by content;
+test_file_store_slots.py covers it).
 """
 
 from __future__ import annotations
@@ -25,10 +30,17 @@ import pytest
 
 from okq.errors import CASConflict
 from okq.store import FileStore
+from okq.store import file as file_store
 
 KEY = "default/manifests/q"
 SIZE = 256
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def whole_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_store, "SLOT_MAX", -1)
+    monkeypatch.setattr(file_store, "SLOT_NEW_MAX", -1)
 
 
 def payload(tag: str) -> bytes:
@@ -100,8 +112,9 @@ async def test_stale_if_match_refused_when_a_version_reuses_inode_and_mtime(
 WRITER = """
 import asyncio, json, sys
 from pathlib import Path
-from okq.store import FileStore
+from okq.store import FileStore, file as file_store
 from tests.integration.test_file_store_versions import overwrite_as
+file_store.SLOT_MAX = file_store.SLOT_NEW_MAX = -1  # whole files, as in this process
 root, key, etag, keep = sys.argv[1:]
 etag_c, data_c = asyncio.run(overwrite_as(FileStore(root), key, etag, Path(keep)))
 print(json.dumps([etag_c, data_c.decode()]))
@@ -131,7 +144,6 @@ async def test_bytes_it_wrote_are_compared_not_hashed_and_others_are_hashed(
     knows their ETag without hashing them; once another writer changed them, it
     hashes what is on disk: a stale ETag is refused, and bytes equal to the ones
     it holds (written back by the other) have that ETag again."""
-    import okq.store.file as file_store
 
     hashed: list[bytes] = []
     real = file_store.etag_of
