@@ -143,6 +143,20 @@ async def test_an_object_that_outgrows_its_slot_gets_a_bigger_file(tmp_path: Pat
     assert (await FileStore(tmp_path).get(KEY)).data == big[::-1]
 
 
+async def test_a_new_object_grows_to_four_times_its_size_in_place(tmp_path: Path) -> None:
+    """A segment's lease object is made by its first lease of 100 and grows to
+    four times that: no new file on the way."""
+    store = FileStore(tmp_path)
+    path = tmp_path / KEY
+    first = os.urandom(3600)
+    etag = await store.put(KEY, first, if_none_match=True)
+    inode = path.stat().st_ino
+    for n in (2, 3, 4):
+        etag = await store.put(KEY, first * n, if_match=etag)
+        assert path.stat().st_ino == inode, n
+    assert (await FileStore(tmp_path).get(KEY)).data == first * 4
+
+
 async def test_large_and_new_large_objects_are_whole_files(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     segment = os.urandom(file_store.SLOT_NEW_MAX + 1)
