@@ -153,7 +153,11 @@ class Scheduler:
             age = q.idle_pause
             q.waiters += 1
             try:
-                await asyncio.wait_for(q.wake.wait(), pause)
+                # Not wait_for: its task of its own takes two more turns of the loop
+                # to wake this one, and a producer's reply, made ready after the
+                # wake-up, went out first (okq/publisher.py wakes long polls first).
+                async with asyncio.timeout(pause):
+                    await q.wake.wait()
                 q.idle_pause = 0.0  # woken by a change made through this process
             except TimeoutError:
                 pass
