@@ -49,7 +49,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from types import SimpleNamespace, TracebackType
+from types import TracebackType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,12 +129,13 @@ def seconds(args: argparse.Namespace) -> dict[str, list[float]]:
 # -- a stand-in for aiohttp's session: recorded replies, no socket ----------------------------
 
 
-def leased(n: int, start: int) -> list[SimpleNamespace]:
-    """What the engine says of ``n`` leased items (``okq.wire.Leased``)."""
-    return [SimpleNamespace(
-        id=f"{start + i:026d}", token=f"{TOKEN}{start + i:08d}", attempts=1,
-        lease_deadline_ms=1_764_669_600_123, produced_ms=1_764_669_500_456 + (start + i) // 50,
-        enqueue_at_ms=None, payload=PAYLOAD, meta=None) for i in range(n)]
+def leased(n: int, start: int) -> list[Any]:
+    """What the engine says of ``n`` leased items (``okq.leases.LeasedItem``)."""
+    from okq.leases import LeasedItem  # the node's, as the reply's encoder takes it
+
+    return [LeasedItem(f"{start + i:026d}", "q", f"{TOKEN}{start + i:08d}", 1,
+                       1_764_669_600_123, PAYLOAD, 1_764_669_500_456 + (start + i) // 50)
+            for i in range(n)]
 
 
 def packed(value: Any) -> bytes:
@@ -156,7 +157,10 @@ class Replies:
 
     def lease(self, n: int) -> bytes:
         if n not in self.lease_cache:
-            self.lease_cache[n] = wire.lease_reply_plain("q", leased(n, 0))
+            # The node's encoder, imported here: a client does not load it.
+            from okq.server.codec import lease_reply_plain
+
+            self.lease_cache[n] = lease_reply_plain("q", leased(n, 0))
         return self.lease_cache[n]
 
     def answer(self, path: str, body: dict[str, Any]) -> bytes:
