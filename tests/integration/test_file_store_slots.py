@@ -254,3 +254,35 @@ async def test_readers_racing_an_overwriting_process_see_only_whole_versions(
     assert proc.returncode == 0, err.decode()
     assert reads > 50 and len(seen) > 10, (reads, len(seen))
     assert (await store.get(KEY)).data == b"001499:" * (1 + 1499 % 50)
+
+
+COUNTER = """
+import asyncio, sys
+from okq.errors import CASConflict
+from okq.store import FileStore
+async def main(root, key, n):
+    store = FileStore(root)
+    done = 0
+    while done < n:  # read, add one, write if nobody wrote between: a lost update shows
+        blob = await store.get(key)
+        try:
+            await store.put(key, b"%d" % (int(blob.data) + 1), if_match=blob.etag)
+            done += 1
+        except CASConflict:
+            pass
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def test_conditional_overwrites_in_place_from_two_processes_lose_no_update(
+        tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    await store.put(KEY, b"0", if_none_match=True)
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, "-c", COUNTER, str(tmp_path), KEY, "150", cwd=REPO,
+        stderr=subprocess.PIPE) for _ in range(2)]
+    for proc in procs:
+        _, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+    assert (await FileStore(tmp_path).get(KEY)).data == b"300"
+    assert (tmp_path / KEY).read_bytes().startswith(SLOTS_MAGIC)
