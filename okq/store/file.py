@@ -431,10 +431,11 @@ class FileStore:
                 except OSError as exc:
                     raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
             else:
-                place = None
-                body = _new_slotted(data, SLOT_ROOM_NEW if if_none_match else 2) if (
-                    len(data) <= (SLOT_NEW_MAX if if_none_match else SLOT_MAX)
-                    or data.startswith(SLOTS_MAGIC)) else data
+                place, etag, body = None, None, data
+                if len(data) <= (SLOT_NEW_MAX if if_none_match else SLOT_MAX) \
+                        or data.startswith(SLOTS_MAGIC):
+                    etag = etag_of(data)  # in the slot's header, and the write's answer
+                    body = _new_slotted(data, etag, SLOT_ROOM_NEW if if_none_match else 2)
                 taken = self._spares.take(folder)
                 try:
                     tmp, fd = _write_temporary(path, body, None if taken is None else taken[0])
@@ -450,7 +451,7 @@ class FileStore:
         await _hand_off(held, f"writing {key!r}", key, folder, (tmp, fd, path),
                         None if if_none_match else self._spares,
                         None if taken is None or tmp != taken[0] else taken[1])
-        return self._remember(path, data) if want_etag else ""
+        return self._remember(path, data, etag) if want_etag or etag else ""
 
     async def delete(self, key: str, *, if_match: str | None = None) -> None:
         path = self._path(key)
@@ -753,13 +754,14 @@ def _slot_bytes(slot: int, seq: int, data: bytes, md5: bytes) -> bytes:
     return _SLOT_HEAD.pack(seq, len(data), md5, crc) + data
 
 
-def _new_slotted(data: bytes, room: int) -> bytes:
-    """A slotted file holding ``data`` as version 1 in slot 0, slot 1 empty, each
-    slot with room for ``room`` times its size (rounded up to SLOT_UNIT), every byte
-    of both slots written (zeros past the data), so that an overwrite in place
-    writes into blocks the file already has and changes no metadata its data needs."""
+def _new_slotted(data: bytes, etag: str, room: int) -> bytes:
+    """A slotted file holding ``data`` (ETag ``etag``) as version 1 in slot 0, slot 1
+    empty, each slot with room for ``room`` times its size (rounded up to SLOT_UNIT),
+    every byte of both slots written (zeros past the data), so that an overwrite in
+    place writes into blocks the file already has and changes no metadata its data
+    needs."""
     capacity = -(-max(room * len(data), 1) // SLOT_UNIT) * SLOT_UNIT
-    first = _slot_bytes(0, 1, data, bytes.fromhex(etag_of(data)))
+    first = _slot_bytes(0, 1, data, bytes.fromhex(etag))
     rest = 2 * (_SLOT_HEAD.size + capacity) - len(first)
     return b"".join((_FILE_HEAD.pack(SLOTS_MAGIC, capacity), first, bytes(rest)))
 
