@@ -52,29 +52,31 @@ is in memory), after its folder's fsync made the retirement durable; the spares
 of a process that stops are removed by ``close``, those of one that crashed stay
 behind as ``.tmp-`` files, which listing skips.
 
-Overwrites in place. Replacing a file whole costs two fsyncs and a rename (about
-200 us of CPU here, and 0.4 ms); writing into a file's existing blocks and
-syncing its data costs a quarter of that. So an object up to ``SLOT_MAX`` that
-is overwritten (a manifest, a lease object), or created up to ``SLOT_NEW_MAX``,
-is kept in a slotted file: ``SLOTS_MAGIC`` and the capacity of each of two
-slots, then the two slots, each a header (version number, length, MD5, and a
-CRC-32 of those and the slot's index) followed by room for the bytes; the
-whole file, both slots' room included, is written when the file is made (by a
-temporary file and rename, as above). An overwrite under the key's lock writes
-the next version's header and bytes into the slot that does not hold the
-current version, then only syncs the file's data (``fdatasync``: its size and
-blocks are unchanged, so no metadata is needed to read the data back), and no
-folder changes. A version is the newest slot whose header's CRC holds and whose
-bytes have the header's MD5: a crash during an overwrite spoils at most the slot
-being written, and readers find the version before; a reader that raced two
+Overwrites in place. Replacing a file whole costs two fsyncs and a rename
+(about 200 us of CPU here, and 0.4 ms); writing into a file's existing blocks
+and syncing its data costs a quarter of that. So an object up to ``SLOT_MAX``
+that is overwritten (a manifest, a lease object), or created up to
+``SLOT_NEW_MAX`` by a writer that wants its ETag (not a segment's), is kept in
+a slotted file: ``SLOTS_MAGIC`` and the capacity of each of two slots, then the
+two slots, each a header (version number, length, MD5, and a CRC-32 of those
+and the slot's index) followed by room for the bytes; the whole file, both
+slots' room included, is written when the file is made (by a temporary file and
+rename, as above). An overwrite under the key's lock writes the next version's
+header and bytes into the slot that does not hold the current version, then
+only syncs the file's data (``fdatasync``: its size and blocks are unchanged,
+so no metadata is needed to read the data back), and no folder changes. A
+version is the newest slot whose header's CRC holds and whose bytes have the
+header's MD5: a crash during an overwrite spoils at most the slot being
+written, and readers find the version before; a reader that raced two
 overwrites and found neither slot whole reads again; a failed sync zeroes the
 slot's header before the write fails. A new slotted object's slots have room
-for ``SLOT_ROOM_NEW`` times its size, and an object that outgrows its slots gets
-a new slotted file with room for twice its size; larger objects, and larger new
-ones (segments), are whole files. No whole file begins with ``SLOTS_MAGIC``:
-bytes that do are always slotted. A store made before slotted files holds whole
-files only, read as they are; each is slotted by its first overwrite (okq
-before this one cannot read a slotted file).
+for ``SLOT_ROOM_NEW`` times its size, and an object that outgrows its slots
+gets a new slotted file with room for twice its size; larger objects, and new
+ones larger or written without wanting their ETag (segments), are whole files.
+No whole file begins with ``SLOTS_MAGIC``: bytes that do are always slotted. A
+store made before slotted files holds whole files only, read as they are; each
+is slotted by its first overwrite (okq before this one cannot read a slotted
+file).
 """
 
 from __future__ import annotations
@@ -139,8 +141,9 @@ _SLOT_HEAD = struct.Struct("<QQ16sI")
 SLOT_MAX = 64 * 1024
 #: A new object up to this size is written slotted too (a lease object is created by
 #: the first lease of its segment and overwritten by every later lease and
-#: completion); a larger new object, as most segments are, never overwritten, is
-#: written whole.
+#: completion), when its writer wants its ETag; a larger new object, and one whose
+#: ETag nobody wants (a segment, never overwritten: ``want_etag=False`` spares it an
+#: MD5 of every produced byte), is written whole.
 SLOT_NEW_MAX = 16 * 1024
 #: A new slotted object's slots have room for this many times its size (a grown
 #: one's for twice its size): the lease object a segment's first lease of 100
@@ -432,8 +435,8 @@ class FileStore:
                     raise StorageError(f"writing {key!r}: {exc}", key=key) from exc
             else:
                 place, etag, body = None, None, data
-                if len(data) <= (SLOT_NEW_MAX if if_none_match else SLOT_MAX) \
-                        or data.startswith(SLOTS_MAGIC):
+                if (len(data) <= (SLOT_NEW_MAX if if_none_match else SLOT_MAX)
+                        and want_etag) or data.startswith(SLOTS_MAGIC):
                     etag = etag_of(data)  # in the slot's header, and the write's answer
                     body = _new_slotted(data, etag, SLOT_ROOM_NEW if if_none_match else 2)
                 taken = self._spares.take(folder)

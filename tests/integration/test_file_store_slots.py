@@ -169,6 +169,22 @@ async def test_large_and_new_large_objects_are_whole_files(tmp_path: Path) -> No
     assert (await store.head("default/manifests/q")).etag == etag
 
 
+async def test_a_small_segment_is_a_whole_file_and_its_bytes_are_not_hashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment's writer wants no ETag (``want_etag=False``): its bytes are never
+    overwritten, so they need no slots, and the store makes no MD5 of them."""
+    hashed: list[bytes] = []
+    real = file_store.etag_of
+    monkeypatch.setattr(file_store, "etag_of", lambda d: (hashed.append(bytes(d)), real(d))[1])
+    store = FileStore(tmp_path)
+    segment = b"\x87one small segment"
+    assert await store.put("default/segments/q/s", segment, if_none_match=True,
+                           want_etag=False) == ""
+    assert (tmp_path / "default/segments/q/s").read_bytes() == segment
+    assert hashed == []
+    assert (await store.get("default/segments/q/s")).data == segment
+
+
 async def test_objects_that_begin_like_a_slotted_file_are_kept_apart(tmp_path: Path) -> None:
     """Bytes that begin with the slotted files' mark are always written slotted, so
     no whole file begins with it, even a large new object."""
