@@ -32,7 +32,7 @@ from okq.wire import NEVER_FIRST, LeasedItemOut
 
 
 class _Item(msgspec.Struct):
-    """A leased item as the node sends it (``okq.wire.leased_item_plain``; a JSON reply
+    """A leased item as the node sends it (``okq.wire.LeasedItemPlain``; a JSON reply
     also carries ``utf8``, and its ``bytes`` as base64). Unknown keys are skipped, so
     a newer node may add some; UNSET marks a key the reply left out."""
 

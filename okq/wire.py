@@ -346,15 +346,6 @@ class LeaseReplyPlain(msgspec.Struct):
     items: list[LeasedItemPlain]
 
 
-def leased_item_plain(i: Leased) -> LeasedItemPlain:
-    """What a msgpack lease reply says of a leased item."""
-    meta, headers = split_meta(i.meta) if i.meta else (i.meta, None)
-    return LeasedItemPlain(
-        i.id, i.token, i.attempts, iso_time(i.lease_deadline_ms), iso_time(i.produced_ms),
-        None if i.enqueue_at_ms is None else iso_time(i.enqueue_at_ms), i.payload, meta,
-        headers or None)
-
-
 _PLAIN_ENCODER = msgspec.msgpack.Encoder()
 
 

@@ -124,9 +124,9 @@ _REPLY_ENCODER = msgspec.msgpack.Encoder()
 
 
 def lease_reply_plain(queue: str, items: list[LeasedItem]) -> bytes:
-    """A lease's msgpack reply (the hot path): a struct per item, no model. Each is
-    ``okq.wire.leased_item_plain``'s, made by ``okq.leases.reply_rows`` (compiled
-    with the hot path). Here rather than in okq.wire, which clients import too:
-    the hot path is the node's."""
+    """A lease's msgpack reply (the hot path): a ``okq.wire.LeasedItemPlain`` per
+    item, no model, made by ``okq.leases.reply_rows`` (compiled with the hot path).
+    Here rather than in okq.wire, which clients import too: the hot path is the
+    node's."""
     return _REPLY_ENCODER.encode(LeaseReplyPlain(queue, reply_rows(items, iso_time,
                                                                    LeasedItemPlain)))

@@ -16,6 +16,7 @@ from okq import replies
 from okq import wire as s
 from okq.client import Client
 from okq.errors import OkqError
+from okq.headers import split_meta
 from okq.leases import LeasedItem
 from okq.server.codec import lease_reply_plain
 
@@ -259,12 +260,22 @@ def test_a_produce_reply_is_the_bytes_its_model_makes(duplicates: int | None) ->
         _plain(model.model_dump()), use_bin_type=True)
 
 
+def leased_item_plain(i: LeasedItem) -> s.LeasedItemPlain:
+    """What a msgpack lease reply says of a leased item, one item alone: the
+    reference ``okq.leases.reply_rows`` is held to."""
+    meta, headers = split_meta(i.meta) if i.meta else (i.meta, None)
+    return s.LeasedItemPlain(
+        i.id, i.token, i.attempts, s.iso_time(i.lease_deadline_ms), s.iso_time(i.produced_ms),
+        None if i.enqueue_at_ms is None else s.iso_time(i.enqueue_at_ms), i.payload, meta,
+        headers or None)
+
+
 def test_a_lease_reply_is_each_items_plain_struct() -> None:
     """The reply's loop writes ``leased_item_plain`` out, spelling a time once per run
     of items that share it: the same bytes, whatever the times of neighbours."""
     items = engine_items() + engine_items()[::-1]
     items[3].lease_deadline_ms += 1  # a deadline that differs from its neighbours'
-    want = msgspec.msgpack.encode(s.LeaseReplyPlain("q", [s.leased_item_plain(i) for i in items]))
+    want = msgspec.msgpack.encode(s.LeaseReplyPlain("q", [leased_item_plain(i) for i in items]))
     assert lease_reply_plain("q", items) == want
 
 
