@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -168,15 +169,26 @@ async def test_writer_past_its_publish_deadline_does_not_publish(store: Store) -
 
 
 async def test_writer_behind_the_gc_floor_does_not_publish(store: Store) -> None:
-    faulty = FaultyStore(store)
+    """The writer's segment write stalls until the collector has raised the floor
+    past it (an event, not a race of sleeps: a collector's CAS on a busy
+    SeaweedFS can take longer than a fixed head start)."""
+    stalled, floor_raised = asyncio.Event(), asyncio.Event()
+
+    class StalledSegments(FaultyStore):
+        async def put(self, key: str, data: bytes, **kw: Any) -> str:
+            if "/segments/" in key and not floor_raised.is_set():
+                stalled.set()
+                await floor_raised.wait()
+            return await super().put(key, data, **kw)
+
+    faulty = StalledSegments(store)
     clock = ManualClock()
     e = make_engine(faulty, clock)
     await _queue(e)
     collector = make_engine(store, clock)
-    faulty.inject("put", "latency", key="/segments/", delay=0.3)
 
     async def collector_raises_floor() -> None:
-        await asyncio.sleep(0.1)
+        await stalled.wait()
         clock.advance(1)
         cell = collector.runtime.manifest_cell("q")
 
@@ -184,6 +196,7 @@ async def test_writer_behind_the_gc_floor_does_not_publish(store: Store) -> None
             m.gc_floor_ms = now - 500  # type: ignore[attr-defined]
 
         await cell.update(raise_floor)
+        floor_raised.set()
 
     results = await asyncio.gather(e.produce("q", [b"stalled"]), collector_raises_floor(),
                                    return_exceptions=True)
