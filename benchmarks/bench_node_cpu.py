@@ -9,10 +9,8 @@ each phase. Configurations, run alternately, median of ``--runs``:
 
 * store: the file store, SeaweedFS through aioboto3, SeaweedFS through obstore
   (``s3://...?client=obstore``);
-* event loop: asyncio's default, or uvloop. okq does not install uvloop; the
-  node is started as ``python -c "<install uvloop's policy>; okq.cli.main()"
-  serve ...``, which is what a one-line ``uvloop.install()`` before
-  ``asyncio.run`` in ``okq serve`` would do.
+* event loop: ``--event-loop asyncio`` or ``--event-loop uvloop`` (the default
+  where uvloop is installed, okq/loops.py).
 
     python benchmarks/bench_node_cpu.py [--messages 20000] [--runs 3]
         [--stores file,seaweed,seaweed-obstore]
@@ -48,17 +46,8 @@ WORKERS = 4
 PAYLOAD = b"x" * 1024
 TICK = os.sysconf("SC_CLK_TCK")
 
-#: How the node's process starts: okq's entry point, on one event loop or the other.
-LOOPS = {
-    "asyncio": "import sys\nfrom okq.cli import main\nmain()",
-    "uvloop": (
-        "import asyncio, sys\nimport uvloop\n"
-        "asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())\n"
-        "probe = asyncio.new_event_loop()\n"
-        "assert isinstance(probe, uvloop.Loop), type(probe)\nprobe.close()\n"
-        "from okq.cli import main\nmain()"
-    ),
-}
+#: The node's event loop: ``okq serve --event-loop`` (okq/loops.py).
+LOOPS = ("asyncio", "uvloop")
 
 
 @dataclass
@@ -89,8 +78,7 @@ def peak_rss_mib(pid: int) -> float:
 @contextmanager
 def node(loop: str, store: str, endpoint: str | None, tmp: Path) -> Iterator[tuple[int, str]]:
     """``okq serve`` on ``loop``: yields its pid and URL once it answers /health."""
-    with okq_node(store, tmp, endpoint_url=endpoint,
-                  command=[sys.executable, "-c", LOOPS[loop]]) as n:
+    with okq_node(store, tmp, endpoint_url=endpoint, extra=["--event-loop", loop]) as n:
         yield n.proc.pid, n.url
 
 

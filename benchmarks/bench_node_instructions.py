@@ -21,7 +21,7 @@ to three minutes.
 
     python benchmarks/bench_node_instructions.py [--messages 2000] [--store file|memory]
         [--batch 100] [--client] [--partitions 1] [--sequencer] [--nodes 1]
-        [--workers 1]
+        [--workers 1] [--event-loop auto|uvloop|asyncio]
 
 With ``--nodes 2 --sequencer --partitions 2 --workers 4`` it counts a fleet of two
 nodes serving one queue of two partitions (each node claims the partition it first
@@ -167,6 +167,8 @@ def main() -> None:
                         "callgrind; the count is the fleet's")
     parser.add_argument("--workers", type=int, default=1,
                         help="producers, then consumers, worker k on node k (default 1)")
+    parser.add_argument("--event-loop", choices=("auto", "uvloop", "asyncio"), default="auto",
+                        help="the nodes' --event-loop (default auto: uvloop where installed)")
     parser.add_argument("--url", action="append", help=argparse.SUPPRESS)  # the driver's run
     parser.add_argument("--node-pid", type=int, action="append", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -194,6 +196,7 @@ def main() -> None:
                         callgrind(outs[k], [
                             sys.executable, "-m", "okq.cli", "serve", "--store", store,
                             "--port", str(port), "--log-level", "WARNING",
+                            "--event-loop", args.event_loop,
                             *(["--sequencer", "--sequencer-shards", str(args.partitions)]
                               if args.sequencer else [])]),
                         stdout=sink, stderr=subprocess.STDOUT, env=env))
@@ -220,7 +223,7 @@ def main() -> None:
         print(f"{args.messages:,} messages, batches of {BATCH}, 1 KiB, {args.store} store, "
               f"{args.nodes} node(s), {args.partitions} partition(s)"
               f"{', sequencer' if args.sequencer else ''}, {args.workers} producer(s) then "
-              f"consumer(s) ({took:.0f} s under callgrind)")
+              f"consumer(s), event loop {args.event_loop} ({took:.0f} s under callgrind)")
         each = " / ".join(f"node {k + 1}" for k in range(args.nodes))
         print(f"{'phase':<16} {'node instr/msg':>15}"
               + (f"  ({each})" if args.nodes > 1 else "")

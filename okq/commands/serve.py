@@ -57,8 +57,12 @@ def serve(**flags: Any) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from okq.loops import choose
+
     try:
-        asyncio.run(run_node(settings))
+        loop = choose(settings.event_loop)
+        with asyncio.Runner(loop_factory=loop.factory) as runner:
+            runner.run(run_node(settings, loop.name))
     except (OkqError, ValueError, OSError) as exc:
         _exit_with_error(str(exc))
     exit_past_native_threads(0)  # everything is closed: see its docstring
@@ -93,7 +97,7 @@ def _settle_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def run_node(settings: Settings) -> None:
+async def run_node(settings: Settings, loop_name: str = "asyncio") -> None:
     import asyncio
 
     from aiohttp import web
@@ -121,8 +125,8 @@ async def run_node(settings: Settings) -> None:
         scheme = "https" if settings.tls_cert else "http"
         advertise(app, settings.host, port, scheme)
         logging.getLogger("okq").info(
-            "okq listening on %s://%s:%s (store %s, namespace %s)",
-            scheme, settings.host, port, store.url, settings.namespace,
+            "okq listening on %s://%s:%s (store %s, namespace %s, event loop %s)",
+            scheme, settings.host, port, store.url, settings.namespace, loop_name,
         )
         from okq import native  # compiled or pure: said once, a warning when pure
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -37,9 +37,10 @@ class _Refuse(asyncio.Protocol):
     """One connection too many: a 503, then closed."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(_REFUSED)
-        transport.close()
+        # uvloop's transports are not subclasses of asyncio's: typed, not checked
+        writer = cast(asyncio.WriteTransport, transport)
+        writer.write(_REFUSED)
+        writer.close()
 
 
 class _Open:
