@@ -63,11 +63,11 @@ def number(cell: str) -> float:
 def assert_figures(cells: list[str]) -> None:
     """produce, lease+complete, p50 / p99, CPU produce / consume, RSS: all numbers."""
     produce, consume, latency, cpu, rss = cells[:5]
-    assert number(produce) > 0 and number(consume) > 0
+    assert number(produce) > 0 and number(consume) > 0, cells
     p50, p99 = (number(v) for v in latency.split(" / "))
-    assert 0 <= p50 <= p99
-    assert all(number(v) >= 0 for v in cpu.split(" (")[0].split(" / "))
-    assert number(rss.split(" ")[0]) > 0
+    assert 0 <= p50 <= p99, cells
+    assert all(number(v) >= 0 for v in cpu.split(" (")[0].split(" / ")), cells
+    assert number(rss.split(" ")[0]) > 0, cells
     assert cells[-1] == "0 / 0", cells  # lost / duplicated
 
 
