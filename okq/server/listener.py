@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.log import access_logger
 
 from okq.settings import Settings
 
@@ -116,9 +117,12 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
 
 
 def handler_args(settings: Settings) -> dict[str, Any]:
-    """aiohttp's limits on what one request may carry."""
+    """aiohttp's limits on what one request may carry, and its access log: a line
+    per request only with ``--access-log`` (formatting and writing one costs about
+    as much as the rest of a small request)."""
     return {"max_line_size": settings.max_header_bytes,
-            "max_field_size": settings.max_header_bytes, "max_headers": 128}
+            "max_field_size": settings.max_header_bytes, "max_headers": 128,
+            "access_log": access_logger if settings.access_log else None}
 
 
 async def listen(runner: web.AppRunner, settings: Settings) -> asyncio.Server:
