@@ -103,6 +103,7 @@ from okq.dev.servers import (
     http_status,
     port_answers,
 )
+from okq.loops import choose
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 100
@@ -685,6 +686,8 @@ async def open_okq(work: Path, seaweed: bool, pure: bool = False) -> AsyncIterat
         settings = [f"{k}={v}" for k, v in sorted(os.environ.items())
                     if k.startswith("OKQ_") and "KEY" not in k]
         note += f"; settings: {', '.join(settings) or 'defaults'}"
+        # What okq serve's --event-loop makes of the same environment (okq/loops.py)
+        note += f"; event loop {choose(os.environ.get('OKQ_EVENT_LOOP', 'auto')).name}"
         async with Client(node.url) as client, aiohttp.ClientSession() as http:
             yield OkqQueue(client, http, node.url, groups,
                            [note + "; okq.client.Client (msgpack); no compactor"])
