@@ -5,9 +5,9 @@ dependency of okq on Linux and macOS) and asyncio's otherwise; ``uvloop`` insist
 on it, ``asyncio`` keeps the standard library's. uvloop runs the loop's own work
 (the ready queue, timers, the selector, socket reads and writes) in C where
 asyncio runs it in Python: a node spends about 5 % fewer instructions per
-lease+complete message on it, and as many per produced one (docs/PERFORMANCE.md,
-"Ninth round"). okq's code is the same on both; the suite's ``okq serve``
-processes run on the default.
+lease+complete message on it, and about as many per produced one as on asyncio's
+(docs/PERFORMANCE.md, "Ninth round"). okq's code is the same on both; the suite's
+``okq serve`` processes run on the default.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """aiohttp's access log, a line per HTTP request: off unless ``--access-log``,
-at the default log level too (a line costs about as much as a small request)."""
+at the default log level too (a line costs about a fifth of a small lease)."""
 
 from __future__ import annotations
 
