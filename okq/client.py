@@ -272,19 +272,12 @@ class Client:
             async with asyncio.timeout(self.timeout + wait):
                 return await pool.post(self._target(path), head, data)
         except httpconn.TlsFailed as exc:
-            raise OkqError(f"TLS with {self.url} failed: {exc}", url=self.url) from exc
-        except httpconn.ConnectFailed as exc:  # no connection: nothing was sent
-            raise Unavailable(f"cannot reach okq at {self.url}: {exc}", sent=False,
-                              url=self.url) from exc
+            raise self._tls_failed(exc) from exc
+        except httpconn.ConnectFailed as exc:
+            raise self._unreachable(exc) from exc
         except (httpconn.Hangup, OSError, TimeoutError) as exc:
-            if isinstance(exc, httpconn.Hangup) and not exc.answered \
-                    and await self._speaks_tls():
-                https = "https://" + self.url.removeprefix("http://")
-                raise OkqError(f"{self.url} hung up: the server there seems to speak TLS; use "
-                               f"{https}", url=self.url, tls=True) from exc
-            what = str(exc) or type(exc).__name__
-            raise Unavailable(f"no answer from okq at {self.url}: {what}",
-                              url=self.url) from exc
+            hung_up = isinstance(exc, httpconn.Hangup) and not exc.answered
+            raise await self._no_answer(exc, hung_up) from exc
 
     def _connections(self) -> tuple[httpconn.Pool, bytes]:
         """The connections to ``self.url`` and the header lines every call sends, made
@@ -304,10 +297,6 @@ class Client:
             lines += [f"{k}: {v}" for k, v in self._made_headers().items()]
             head = "".join(f"{line}\r\n" for line in lines).encode("latin-1")
             if self._pool is not None:
-                if self._pool[1].host == url.host and self._pool[1].port == port \
-                        and self._pool[1].tls is tls:
-                    self._pool = (key, self._pool[1], head)  # same node: its connections
-                    return self._pool[1], head
                 self._pool[1].close()
             self._pool = (key, httpconn.Pool(url.host, port, tls), head)
         return self._pool[1], self._pool[2]
@@ -328,19 +317,29 @@ class Client:
                                          timeout=self._timeout(wait)) as resp:
                 return resp.status, await resp.read(), resp.headers.get("Retry-After")
         except aiohttp.ClientSSLError as exc:
-            raise OkqError(f"TLS with {self.url} failed: {exc}", url=self.url) from exc
-        except aiohttp.ClientConnectorError as exc:  # no connection: nothing was sent
-            raise Unavailable(f"cannot reach okq at {self.url}: {exc}", sent=False,
-                              url=self.url) from exc
+            raise self._tls_failed(exc) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise self._unreachable(exc) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) \
-                    and await self._speaks_tls():
-                https = "https://" + self.url.removeprefix("http://")
-                raise OkqError(f"{self.url} hung up: the server there seems to speak TLS; use "
-                               f"{https}", url=self.url, tls=True) from exc
-            what = str(exc) or type(exc).__name__
-            raise Unavailable(f"no answer from okq at {self.url}: {what}",
-                              url=self.url) from exc
+            hung_up = isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+            raise await self._no_answer(exc, hung_up) from exc
+
+    def _tls_failed(self, exc: BaseException) -> OkqError:
+        return OkqError(f"TLS with {self.url} failed: {exc}", url=self.url)
+
+    def _unreachable(self, exc: BaseException) -> Unavailable:
+        """No connection: nothing was sent."""
+        return Unavailable(f"cannot reach okq at {self.url}: {exc}", sent=False, url=self.url)
+
+    async def _no_answer(self, exc: BaseException, hung_up: bool) -> OkqError:
+        """No whole reply after the call was sent (it may have taken effect); a server
+        that hung up on plain HTTP and speaks TLS gets the https:// URL named."""
+        if hung_up and await self._speaks_tls():
+            https = "https://" + self.url.removeprefix("http://")
+            return OkqError(f"{self.url} hung up: the server there seems to speak TLS; use "
+                            f"{https}", url=self.url, tls=True)
+        what = str(exc) or type(exc).__name__
+        return Unavailable(f"no answer from okq at {self.url}: {what}", url=self.url)
 
     async def _speaks_tls(self) -> bool:
         """Whether an ``http://`` node that hung up on a call completes a TLS handshake
