@@ -132,8 +132,7 @@ class _Connection(asyncio.Protocol):
 
 
 class Pool:
-    """Keep-alive connections to ``host:port`` (TLS with ``tls``), and the head every
-    call sends alike."""
+    """Keep-alive connections to ``host:port`` (TLS with ``tls``)."""
 
     def __init__(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
         self.host, self.port, self.tls = host, port, tls
