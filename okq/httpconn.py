@@ -139,6 +139,7 @@ class Pool:
         #: Its connections and its semaphore belong to the loop it was made on.
         self.loop = asyncio.get_running_loop()
         self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()  # idle or in use: what close() closes
         self._slots = asyncio.Semaphore(LIMIT)
         self._closed = False
 
@@ -159,13 +160,13 @@ class Pool:
                     b"Content-Length: %d\r\n\r\n" % len(body), body])
                 reply, keep = await waiter
             except BaseException:
-                conn.close()  # cancelled, timed out or broken: its reply may still come
+                self._drop(conn)  # cancelled, timed out or broken: its reply may still come
                 raise
             if keep and not conn.lost and not self._closed:
                 conn.idle_since = time.monotonic()
                 self._idle.append(conn)
             else:
-                conn.close()
+                self._drop(conn)
             return reply
 
     def _take(self) -> _Connection | None:
@@ -175,8 +176,12 @@ class Pool:
             conn = idle.pop()
             if not conn.lost and time.monotonic() - conn.idle_since < IDLE_SECONDS:
                 return conn
-            conn.close()
+            self._drop(conn)
         return None
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.close()
+        self._open.discard(conn)
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -191,10 +196,16 @@ class Pool:
             raise TlsFailed(str(exc)) from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(str(exc) or type(exc).__name__) from exc
+        if self._closed:  # closed while this one was being made
+            conn.close()
+            raise ConnectFailed("the client was closed")
+        self._open.add(conn)
         return conn
 
     def close(self) -> None:
-        """Close the idle connections; those in use close when their call ends."""
+        """Close every connection, idle or in use (a call in flight then fails as one
+        whose connection broke)."""
         self._closed = True
-        while self._idle:
-            self._idle.pop().close()
+        self._idle.clear()
+        while self._open:
+            self._open.pop().close()

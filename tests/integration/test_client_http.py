@@ -271,3 +271,16 @@ def test_a_client_used_again_under_another_event_loop_connects_anew() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_closing_the_client_ends_a_call_in_flight() -> None:
+    """As an aiohttp session's close did: no connection outlives its client."""
+    async with scripted(echo) as (server, url):
+        c = Client(url, backoff=NO_RETRIES)
+        await c.call("queue.stats", {}, Echo)  # one idle connection
+        server.delay = 5
+        call = asyncio.create_task(c.call("queue.stats", {}, Echo))
+        await asyncio.sleep(0.2)  # written, waiting for its reply
+        await c.close()
+        with pytest.raises(Unavailable, match="no answer from okq at"):
+            await asyncio.wait_for(call, 2)
