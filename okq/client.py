@@ -198,6 +198,7 @@ class Client:
         if self._pool is not None:
             self._pool[1].close()
             self._pool = None
+            await asyncio.sleep(0)  # the aborted transports close their sockets on the next turn
         if self._own and self._session is not None:
             await self._session.close()
             self._session = None

@@ -123,10 +123,14 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(exc)
 
     def close(self) -> None:
+        """Closed at once: ``abort``, not ``close``. A TLS connection's ``close`` first
+        exchanges close_notify with the server, over further turns of the loop: a
+        client closed just before its loop ended left the socket open (HTTP's framing
+        does not need close_notify, and nothing is left to send on a dropped one)."""
         self.lost = True
         if self.transport is not None:
             try:
-                self.transport.close()
+                self.transport.abort()
             except RuntimeError:  # its event loop is closed: the socket goes with the transport
                 pass
 
