@@ -251,14 +251,12 @@ class Client:
     async def _call_once(self, path: str, body: dict[str, Any], read: Callable[[bytes], T],
                          wait: float) -> T:
         data = msgpack.packb(body, use_bin_type=True, datetime=True)
-        if self._own:
-            reply = await self._post(path, data, wait)
-            status, raw, retry_after = reply.status, reply.body, reply.retry_after
-        else:
-            status, raw, retry_after = await self._post_aiohttp(path, data, wait)
+        reply = await (self._post(path, data, wait) if self._own
+                       else self._post_aiohttp(path, data, wait))
+        status, raw = reply.status, reply.body
         if status >= 400:
             decoded = _unpacked(raw)
-            raise _error(status, decoded, retry_after) if _is_error_body(decoded) \
+            raise _error(status, decoded, reply.retry_after) if _is_error_body(decoded) \
                 else self._not_okq(status, "no okq error body")
         try:
             return read(raw)
@@ -310,13 +308,13 @@ class Client:
             target = self._targets[text] = self._url(path).raw_path_qs.encode("latin-1")
         return target
 
-    async def _post_aiohttp(self, path: str, data: bytes, wait: float
-                            ) -> tuple[int, bytes, str | None]:
+    async def _post_aiohttp(self, path: str, data: bytes, wait: float) -> httpconn.Reply:
         """A call through the caller's aiohttp session."""
         try:
             async with self._http().post(self._url(path), data=data, headers=self._made_headers(),
                                          timeout=self._timeout(wait)) as resp:
-                return resp.status, await resp.read(), resp.headers.get("Retry-After")
+                return httpconn.Reply(resp.status, await resp.read(),
+                                      resp.headers.get("Retry-After"))
         except aiohttp.ClientSSLError as exc:
             raise self._tls_failed(exc) from exc
         except aiohttp.ClientConnectorError as exc:

@@ -155,8 +155,7 @@ class Pool:
             if conn is None:
                 conn = await self._connect()
             assert conn.transport is not None
-            waiter: asyncio.Future[tuple[Reply, bool]] = \
-                asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[tuple[Reply, bool]] = self.loop.create_future()
             conn.waiter = waiter
             try:
                 conn.transport.writelines([
