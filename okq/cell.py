@@ -14,6 +14,12 @@ writes nothing (every change refused or unchanged) is decided again on a fresh
 read when the cached copy may be stale, so no refusal rests on an old copy. On
 any other StorageError the write is ambiguous: the cell re-reads and checks for
 its own nonce, so a landed write is never applied twice.
+
+A change may come with a follow-up, ``then(result)``: work on its result that
+need not wait for the write (a lease's tokens and items). It runs while the
+write that carries the result is on its way to the store, and the caller gets
+what it returns once that write landed, never sooner. A write that did not land
+is applied again, and the follow-up runs again on the new result.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 from okq.batcher import Batcher
-from okq.changes import Change, Unchanged
+from okq.changes import Change, Then, Unchanged
 from okq.clock import Clock
 from okq.errors import CASConflict, ObjectNotFound, OkqError, StorageError
 from okq.model import new_nonce
@@ -85,7 +92,8 @@ class Cell(Generic[T]):
         self._view: T | None = None  # decoded self.data, for readers
         self._view_of: bytes | None = None
         self._shared_read: asyncio.Future[None] | None = None
-        self._batcher: Batcher[Change, Any] = Batcher(self._write, name=f"cell {key}")
+        self._batcher: Batcher[tuple[Change, Then | None], Any] = Batcher(
+            self._write, name=f"cell {key}")
 
     # -- reading -----------------------------------------------------------
     async def refresh(self) -> None:
@@ -145,11 +153,12 @@ class Cell(Generic[T]):
         self.fetched_ms = None
 
     # -- writing -----------------------------------------------------------
-    async def update(self, fn: Change) -> Any:
-        """Apply ``fn`` in the next group write; return its result once it landed."""
-        return await self._batcher.submit(fn)
+    async def update(self, fn: Change, then: Then | None = None) -> Any:
+        """Apply ``fn`` in the next group write; return its result once it landed,
+        or what ``then`` made of it while the write was on its way (module docstring)."""
+        return await self._batcher.submit((fn, then))
 
-    async def _write(self, batch: list[Change]) -> list[Any]:
+    async def _write(self, batch: list[tuple[Change, Then | None]]) -> list[Any]:
         """Apply the batch and write it in one conditional PUT; the results, an
         exception for each change that refused itself."""
         loop = asyncio.get_running_loop()
@@ -180,9 +189,11 @@ class Cell(Generic[T]):
                     await self.refresh()
                     fresh, attempt = True, attempt - 1
                     continue
-                return _answers(results)
-            if await self._put(obj, base):
-                return _answers(results)
+                return _answers(results, batch)
+            answers = await self._put(obj, base, partial(_answers, results, batch),
+                                      any(then is not None for _, then in batch))
+            if answers is not None:
+                return answers
         raise StorageError(
             f"gave up writing {self.key!r}: {attempt} attempts lost their races in "
             f"{self.GIVE_UP_AFTER:.0f} s"
@@ -197,45 +208,63 @@ class Cell(Generic[T]):
                 return self.copy(view)
         return self.cached()
 
-    def _apply(self, obj: T, batch: list[Change]) -> list[Any]:
+    def _apply(self, obj: T, batch: list[tuple[Change, Then | None]]) -> list[Any]:
         now = self.clock.now_ms()
         results: list[Any] = []
-        for fn in batch:
+        for fn, _ in batch:
             try:
                 results.append(fn(obj, now))
             except OkqError as exc:
                 results.append(exc)
         return results
 
-    async def _put(self, obj: T, base: str | None) -> bool:
+    async def _put(self, obj: T, base: str | None, answers: Callable[[], list[Any]],
+                   meanwhile: bool) -> list[Any] | None:
         """Write ``obj``, a change of the version whose ETag is ``base`` (None: of no
-        object), conditionally on that version still being the current one; True
-        when it landed."""
+        object), conditionally on that version still being the current one; when it
+        landed, ``answers()``, called while the write is on its way if ``meanwhile``
+        (else after it); None when it did not land."""
         obj.ver += 1
         obj.nonce = new_nonce()
         if self.prepare is not None:
             await self.prepare(obj)
         data = self.encode(obj)
+        if base is None:
+            write = self.store.put(self.key, data, if_none_match=True)
+        else:
+            write = self.store.put(self.key, data, if_match=base)
+        answered: list[Any] | None = None
         try:
-            if base is None:
-                etag = await self.store.put(self.key, data, if_none_match=True)
+            if meanwhile:
+                # The write starts (up to its first wait, for the disk or the
+                # network) before the follow-ups run; they are answered only after.
+                started = asyncio.ensure_future(write)
+                try:
+                    await asyncio.sleep(0)
+                except BaseException:
+                    started.cancel()
+                    raise
+                answered = answers()
+                etag = await started
             else:
-                etag = await self.store.put(self.key, data, if_match=base)
+                etag = await write
         except CASConflict:
             self.conflict_ms = self.clock.now_ms()
             if self.on_conflict:
                 self.on_conflict()
             self.forget()
-            return False
+            return None
         except StorageError as exc:
             log.warning("ambiguous write to %s: %s; re-reading", self.key, exc)
             self.ambiguous += 1
-            return await self._landed(obj.nonce)
+            if not await self._landed(obj.nonce):
+                return None
+            return answered if answered is not None else answers()
         self.etag, self.data, self.fetched_ms = etag, data, self.clock.now_ms()
         # What landed is what readers see next: no decode of our own write. The next
         # batch changes a copy of its own, so this one is never changed.
         self._view, self._view_of = obj, data
-        return True
+        return answered if answered is not None else answers()
 
     async def _landed(self, nonce: str) -> bool:
         for delay in (0.05, 0.2, 0.5, 1.0, 2.0):
@@ -253,6 +282,17 @@ class Cell(Generic[T]):
         await self._batcher.close()
 
 
-def _answers(results: list[Any]) -> list[Any]:
-    """What each change's caller gets: its result, or the value of its Unchanged."""
-    return [r.value if isinstance(r, Unchanged) else r for r in results]
+def _answers(results: list[Any], batch: list[tuple[Change, Then | None]]) -> list[Any]:
+    """What each change's caller gets: its result, or the value of its Unchanged;
+    passed through its follow-up, if it has one (an error there fails that change
+    alone)."""
+    out: list[Any] = []
+    for r, (_, then) in zip(results, batch, strict=True):
+        value = r.value if isinstance(r, Unchanged) else r
+        if then is not None and not isinstance(value, BaseException):
+            try:
+                value = then(value)
+            except Exception as exc:
+                value = exc
+        out.append(value)
+    return out

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 Change = Callable[[Any, int], Any]
+#: A change's follow-up: work on its result done while its write is on its way
+#: (okq/cell.py).
+Then = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)

@@ -485,15 +485,22 @@ class Scheduler:
             result = (mine + leased, mine_dead + dead)
             return result if leased or dead else Unchanged(result)
 
-        leased, dead = await cell.update(lease)
+        seg = await self.rt.segment(q, sm)
+
+        def handed_out(result: tuple[list[tr.Leased], list[int]]
+                       ) -> tuple[list[LeasedItem], list[int]]:
+            """The items to hand out, tokens signed while the lease object is written."""
+            leased, dead = result
+            if layout is not None:
+                leased = sorted(leased, key=lambda x: x.index)  # a re-apply's own come first
+            return _leased_items(self.signer, self.rt.ns, q.name, sm, seg, leased), dead
+
+        items, dead = await cell.update(lease, handed_out)
         if failed is not None:
             failed |= stopped
-        if layout is not None:
-            leased = sorted(leased, key=lambda x: x.index)  # a re-apply's own come first
-        seg = await self.rt.segment(q, sm)
         for idx in dead:
             q.stalled[(sm.id, idx)] = sm  # moved to the dead-letter queue after the lock
-        return _leased_items(self.signer, self.rt.ns, q.name, sm, seg, leased), len(dead), held_back
+        return items, len(dead), held_back
 
 
 def _leased_items(signer: TokenSigner, ns: str, queue: str, sm: SegmentMeta, seg: Segment,

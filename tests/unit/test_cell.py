@@ -548,3 +548,94 @@ async def test_a_refresh_during_a_writes_prepare_does_not_let_it_replace_a_newer
     final = await stored(store)
     assert sorted(final.items) == [0, 1, 2], "a version was replaced by a change of an older one"
     assert calls["mine"] == 2  # applied to version 1, lost its race, applied again to 2
+
+
+# -- follow-ups: work done while the write is on its way -----------------------------------------
+
+
+class HeldPuts(MemoryStore):
+    """A memory store whose puts wait for ``release`` after they start: a write on its way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.finished = 0
+
+    async def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+        want_etag: bool = True,
+    ) -> str:
+        self.started.set()
+        await self.release.wait()
+        etag = await super().put(key, data, if_match=if_match, if_none_match=if_none_match,
+                                 want_etag=want_etag)
+        self.finished += 1
+        return etag
+
+
+async def test_a_follow_up_runs_while_the_write_is_on_its_way_and_answers_after_it() -> None:
+    store = HeldPuts()
+    cell = make_cell(store)
+    calls = Calls()
+    seen: list[tuple[int, bool, int]] = []
+
+    def then(result: int) -> str:
+        seen.append((result, store.started.is_set(), store.finished))
+        return f"item {result}"
+
+    update = asyncio.ensure_future(cell.update(calls.mark(3), then))
+    await store.started.wait()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    # the write started before the follow-up ran, and has not finished
+    assert seen == [(3, True, 0)]
+    assert not update.done()  # nobody is answered before the write lands
+    store.release.set()
+    assert await update == "item 3"
+    assert store.finished == 1
+    assert set((await stored(store)).items) == {3}
+
+
+async def test_a_follow_up_runs_again_on_the_result_of_a_write_applied_again() -> None:
+    store = MemoryStore()
+    cell = make_cell(store)
+    await seed(store)
+    await cell.read()
+    other = await stored(store)  # another process writes: the cell's copy is stale
+    other.items[99] = ItemState(DONE, 1, 1, 0)
+    other.ver, other.nonce = other.ver + 1, new_nonce()
+    await store.put(KEY, encode_lease(other))
+    applied: list[int] = []
+
+    def change(obj: LeaseObject, now: int) -> int:
+        obj.items[0] = ItemState(DONE, 1, 1, now)
+        return len(obj.items)  # 1 on the stale copy, 2 on the fresh one
+
+    assert await cell.update(change, lambda n: applied.append(n) or n) == 2
+    assert applied == [1, 2]  # the first answer was dropped with its write
+
+
+async def test_a_follow_up_that_fails_fails_its_change_alone() -> None:
+    store = CountingStore(MemoryStore())
+    cell = make_cell(store)
+    calls = Calls()
+
+    def broken(result: int) -> int:
+        raise ValueError(f"cannot hand out {result}")
+
+    results = await asyncio.gather(
+        cell.update(calls.mark(0), broken), cell.update(calls.mark(1), lambda r: r * 10),
+        return_exceptions=True)
+    assert isinstance(results[0], ValueError) and results[1] == 10
+    assert set((await stored(store)).items) == {0, 1}  # the write itself landed
+
+
+async def test_a_follow_up_of_a_change_with_nothing_to_write_gets_its_value() -> None:
+    store = CountingStore(MemoryStore())
+    cell = make_cell(store)
+    await seed(store)
+    store.reset()
+    assert await cell.update(lambda obj, now: Unchanged(7), lambda v: v + 1) == 8
+    assert store.requests == {"get": 1}
+
