@@ -22,6 +22,13 @@ from okq.store import FileStore
 from okq.store import file as file_store
 
 
+@pytest.fixture(autouse=True)
+def nothing_made_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No empty files made ahead (test_file_store_ahead.py): these tests count the
+    temporary files a write leaves."""
+    monkeypatch.setattr(file_store, "AHEAD_PER_FOLDER", 0)
+
+
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     """Holds the commit thread in the first rename until ``open`` is set; records

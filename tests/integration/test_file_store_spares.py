@@ -28,6 +28,9 @@ from okq.store.file import FileStore
 def whole_files(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(file_store, "SLOT_MAX", -1)
     monkeypatch.setattr(file_store, "SLOT_NEW_MAX", -1)
+    # No empty files made ahead (test_file_store_ahead.py): every ``.tmp-`` file
+    # here is a retired version's.
+    monkeypatch.setattr(file_store, "AHEAD_PER_FOLDER", 0)
 
 
 def spares(folder: Path) -> dict[int, bytes]:
