@@ -233,22 +233,18 @@ class Cell(Generic[T]):
             write = self.store.put(self.key, data, if_none_match=True)
         else:
             write = self.store.put(self.key, data, if_match=base)
-        answered: list[Any] | None = None
+        made: list[list[Any]] = []  # the answers, once the callback made them
+        handle = None
+        if meanwhile:
+            # Called back once this task first waits inside the write (for the disk
+            # or the network): the follow-ups run while the write is on its way,
+            # and are answered only after it.
+            handle = asyncio.get_running_loop().call_soon(lambda: made.append(answers()))
         try:
-            if meanwhile:
-                # The write starts (up to its first wait, for the disk or the
-                # network) before the follow-ups run; they are answered only after.
-                started = asyncio.ensure_future(write)
-                try:
-                    await asyncio.sleep(0)
-                except BaseException:
-                    started.cancel()
-                    raise
-                answered = answers()
-                etag = await started
-            else:
-                etag = await write
+            etag = await write
         except CASConflict:
+            if handle is not None:
+                handle.cancel()
             self.conflict_ms = self.clock.now_ms()
             if self.on_conflict:
                 self.on_conflict()
@@ -259,12 +255,16 @@ class Cell(Generic[T]):
             self.ambiguous += 1
             if not await self._landed(obj.nonce):
                 return None
-            return answered if answered is not None else answers()
+            return _called(handle, made, answers)
+        except BaseException:
+            if handle is not None:
+                handle.cancel()
+            raise
         self.etag, self.data, self.fetched_ms = etag, data, self.clock.now_ms()
         # What landed is what readers see next: no decode of our own write. The next
         # batch changes a copy of its own, so this one is never changed.
         self._view, self._view_of = obj, data
-        return answered if answered is not None else answers()
+        return _called(handle, made, answers)
 
     async def _landed(self, nonce: str) -> bool:
         for delay in (0.05, 0.2, 0.5, 1.0, 2.0):
@@ -280,6 +280,18 @@ class Cell(Generic[T]):
 
     async def close(self) -> None:
         await self._batcher.close()
+
+
+def _called(handle: asyncio.Handle | None, made: list[list[Any]],
+            answers: Callable[[], list[Any]]) -> list[Any]:
+    """The answers of a write that landed: those the callback ``handle`` made while
+    the write was on its way, else made now (no callback, or a write that landed
+    before the loop came round to it)."""
+    if made:
+        return made[0]
+    if handle is not None:
+        handle.cancel()
+    return answers()
 
 
 def _answers(results: list[Any], batch: list[tuple[Change, Then | None]]) -> list[Any]:
