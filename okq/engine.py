@@ -122,7 +122,7 @@ class Engine:
         """Make long polls return now (with what they have): the node is stopping."""
         self.runtime.stopping = True
         for q in self.runtime.queues.values():
-            q.wake.set()
+            q.wake_all()
 
     async def close(self) -> None:
         """Flush pending produce batches and writes; the store stays open."""

@@ -103,7 +103,12 @@ class QueueRuntime:
         self.manifest = manifest
         self.publisher = publisher
         self.lock = asyncio.Lock()
+        # Set by every wake-up, cleared by a lease's look: one made during a look
+        # makes that lease look again rather than sleep.
         self.wake = asyncio.Event()
+        # The long polls asleep, oldest first: a wake-up wakes the first
+        # (okq/scheduler.py: a look that took a full batch wakes the next).
+        self.sleepers: deque[asyncio.Future[None]] = deque()
         self.leases: dict[str, Cell[LeaseObject]] = {}
         self.summaries: dict[str, tuple[bytes | None, Any]] = {}
         # Segments every item of which a lease walk here found done or dead-lettered
@@ -135,6 +140,22 @@ class QueueRuntime:
         # The groups a fair walk to the end of the segments found ready items of:
         # ((manifest ver, nonce), until ms, groups), for the walks after it.
         self.fair_found: tuple[tuple[int, str], int, frozenset[str]] | None = None
+
+    def wake_one(self) -> None:
+        """The longest-waiting long poll of this queue looks now, if one is asleep."""
+        while self.sleepers:
+            sleeper = self.sleepers.popleft()
+            if not sleeper.done():
+                sleeper.set_result(None)
+                return
+
+    def wake_all(self) -> None:
+        """Every long poll of this queue looks now."""
+        self.wake.set()
+        while self.sleepers:
+            sleeper = self.sleepers.popleft()
+            if not sleeper.done():
+                sleeper.set_result(None)
 
 
 LAST_KEPT = 4096  # groups whose last handout RecentGroups remembers, at most
@@ -356,8 +377,10 @@ class Runtime:
             raise
 
     def wake(self, q: QueueRuntime) -> None:
-        """Items of ``q`` may be leasable now: its long polls look at once."""
+        """Items of ``q`` may be leasable now: its longest-waiting long poll looks
+        at once (and wakes the next if it took a full batch: there may be more)."""
         q.wake.set()
+        q.wake_one()
         for fn in self.on_wake:
             fn(q.name)
 

@@ -128,10 +128,19 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + wait
         age: float | None = None  # the first look as any lease's; later ones share
+        woken = False  # whether a wake-up (``Runtime.wake``) chose this lease
         while True:
             q.wake.clear()
             reads = q.manifest.reads
-            items, next_ready = await self._lease_once(q, batch, lease_timeout, age)
+            try:
+                items, next_ready = await self._lease_once(q, batch, lease_timeout, age)
+            except BaseException:
+                if woken:  # the look it was woken for did not finish: another looks
+                    q.wake_one()
+                raise
+            if woken and len(items) >= batch:
+                q.wake_one()  # it took a full batch: there may be more for the next
+            woken = False
             q.next_ready_ms = next_ready
             await self.finishers.help_noted(q)
             left = give_up - loop.time()
@@ -151,18 +160,38 @@ class Scheduler:
             # The next look takes a manifest another long poll of this queue read
             # within the pause: many waiters on one queue cost one read per pause.
             age = q.idle_pause
-            q.waiters += 1
-            try:
-                # Not wait_for: its task of its own takes two more turns of the loop
-                # to wake this one, and a producer's reply, made ready after the
-                # wake-up, went out first (okq/publisher.py wakes long polls first).
-                async with asyncio.timeout(pause):
-                    await q.wake.wait()
+            if q.wake.is_set():  # woken during the look: look again at once
+                q.idle_pause = 0.0
+                continue
+            woken = await self._sleep(q, pause)
+            if woken:
                 q.idle_pause = 0.0  # woken by a change made through this process
-            except TimeoutError:
-                pass
-            finally:
-                q.waiters -= 1
+
+    async def _sleep(self, q: QueueRuntime, pause: float) -> bool:
+        """Asleep until a wake-up chooses this long poll (``QueueRuntime.wake_one``)
+        or ``pause`` seconds end; whether a wake-up chose it. One chosen and then
+        cancelled passes the wake-up on."""
+        q.waiters += 1
+        sleeper = asyncio.get_running_loop().create_future()
+        q.sleepers.append(sleeper)
+        try:
+            # Not wait_for: its task of its own takes two more turns of the loop
+            # to wake this one, and a producer's reply, made ready after the
+            # wake-up, went out first (okq/publisher.py wakes long polls first).
+            async with asyncio.timeout(pause):
+                await sleeper
+        except TimeoutError:
+            pass
+        except BaseException:
+            if sleeper.done() and not sleeper.cancelled():
+                q.wake_one()
+            raise
+        finally:
+            q.waiters -= 1
+            if not sleeper.done():
+                sleeper.cancel()
+                q.sleepers.remove(sleeper)
+        return sleeper.done() and not sleeper.cancelled()
 
     def _idle_pause(self, q: QueueRuntime) -> float:
         """The pause before a long poll's next look: ``poll_interval`` after a change
