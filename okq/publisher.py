@@ -162,6 +162,11 @@ class Publisher:
             # Before the callers are answered: a long poll waiting for these items
             # looks first, and the producers' replies go out while it writes.
             self.on_published()
+            if self.waiting():
+                # A turn of the loop first: the long poll woken takes its items and
+                # hands its lease object's write to the store before the producers'
+                # replies are made (they would run ahead of the write's own task).
+                await asyncio.sleep(0)
         # Commonly every item is new: then nothing is counted item by item.
         taken = None if len(fresh) == len(ids) else set(range(len(ids))) - set(fresh)
         partition = split_partition(self.queue)[1]
