@@ -5,6 +5,9 @@ path when it cannot: ``pip install .`` and ``pip install -e .`` stay one command
 mypyc names a module by its file, so okq/_pure/leases.py and tokens.py are
 copied to okq/_compiled/ for the moment mypyc generates C from them, then
 removed; the C is compiled as okq._compiled.leases and okq._compiled.tokens.
+okq/_native/signv2.c, which the compiled tokens module signs with, is compiled
+with them as okq._compiled.signv2 (the record does not hash it: a stale build of
+it signs the same tokens, which tests/unit/test_tokens.py holds it to).
 okq/_compiled/build.json records whether that happened, why not, and the
 SHA-256 of each source compiled, and the C compiler found (or none): okq/native.py
 reads it to choose. Nothing here fails the install: without mypyc or a working C
@@ -78,6 +81,8 @@ def compiled_extensions() -> tuple[list[Extension], str]:
         extensions: list[Extension] = mypycify(
             ["--config-file", str(config), *(str(c.relative_to(ROOT)) for c in copies)],
             group_name="okq._compiled.hotpath")
+        # Version 2 tokens signed in C, which the compiled tokens module uses.
+        extensions.append(Extension("okq._compiled.signv2", ["okq/_native/signv2.c"]))
     except (Exception, SystemExit) as exc:  # mypy reports its errors by exiting
         return [], f"mypyc could not translate it ({exc!r})"
     finally:

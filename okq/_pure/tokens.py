@@ -30,10 +30,11 @@ from __future__ import annotations
 import binascii
 import hashlib
 import hmac as std_hmac
+import importlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import msgpack
 from cryptography.hazmat.primitives import constant_time, hashes, hmac
@@ -50,6 +51,22 @@ FORMATS: Final = (1, 2)
 _PERSON_V2: Final = b"okq-token-v2"
 #: One packer for every token (msgpack.packb makes one per call; ``pack`` holds the GIL).
 _PACKER: Final = msgpack.Packer(use_bin_type=True)
+
+
+def _c_signer() -> Any:
+    """The C signer of version 2 tokens (okq/_native/signv2.c), for this module as
+    the build compiled it; None for the pure module, or a build without it."""
+    if __name__ != "okq._compiled.tokens":
+        return None
+    try:
+        return importlib.import_module("okq._compiled.signv2").sign
+    except ImportError:
+        return None
+
+
+#: ``sign(key, person, prefix, deliveries, minted, head)``: the tokens
+#: ``_sign_many_v2`` makes, and its records, made in C; None: made here.
+_C_SIGN: Any = _c_signer()
 
 
 @dataclass(slots=True, unsafe_hash=True, init=False)
@@ -188,10 +205,20 @@ class TokenSigner:
     def _sign_many_v2(self, namespace: str, queue: str, segment: str,
                       deliveries: Sequence[tuple[int, int]]) -> list[str]:
         prefix = _b64(_PACKER.pack([self._kid, namespace, queue, segment])) + "."
+        c_sign = _C_SIGN
+        if c_sign is not None and type(deliveries) is list:
+            try:
+                tokens: list[str] = c_sign(self.keys[0], _PERSON_V2, prefix, deliveries,
+                                           self._minted, (namespace, queue, segment))
+            except (OverflowError, TypeError):
+                pass  # an index past 2**63 - 1, or not a list of tuples: signed below
+            else:
+                self._forget_oldest()
+                return tokens
         keyed = self._blakes[self.keys[0]].copy()
         keyed.update(prefix.encode())
         minted = self._minted
-        tokens: list[str] = []
+        tokens = []
         for index, v in deliveries:
             tail = f"{index}.{v}"
             h = keyed.copy()

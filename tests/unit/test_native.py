@@ -143,3 +143,33 @@ def test_both_sign_alike_and_read_each_others_tokens() -> None:
                 s.verify(token, "ns")
             errors.append((type(info.value).__name__, str(info.value), info.value.details))
         assert errors[0] == errors[1], token
+
+
+def test_the_compiled_tokens_module_signs_version_2_in_c() -> None:
+    """okq/_native/signv2.c is built with the compiled modules, which sign with it;
+    the pure module never does."""
+    compiled = compiled_or_skip()["tokens"]
+    assert compiled._C_SIGN is not None, "okq._compiled.signv2 was not built or does not load"
+    assert native.implementations("tokens")["pure"]._C_SIGN is None
+
+
+@settings(max_examples=property_examples(150, 2000), deadline=None)
+@given(key=st.binary(min_size=16, max_size=64),
+       names=st.lists(st.text(min_size=1, max_size=90), min_size=3, max_size=3),
+       deliveries=st.lists(st.tuples(st.integers(0, 2**64), st.integers(0, 2**64)),
+                           max_size=6),
+       as_list=st.booleans())
+def test_tokens_signed_in_c_are_those_signed_in_python(
+        key: bytes, names: list[str], deliveries: list[tuple[int, int]], as_list: bool) -> None:
+    """Byte for byte, and recorded alike, whatever the key, the names (the prefix's
+    length crosses BLAKE2b's 128-byte blocks) and the numbers (past 2**63 - 1, or not
+    a list, the C signer declines and Python signs)."""
+    compiled = compiled_or_skip()["tokens"]
+    pure = native.implementations("tokens")["pure"]
+    signers = [m.TokenSigner([key]) for m in (pure, compiled)]
+    given_to = deliveries if as_list else tuple(deliveries)
+    made = [s.sign_many(*names, given_to) for s in signers]
+    assert made[0] == made[1]
+    assert signers[0]._minted == signers[1]._minted
+    assert {tuple(v) for v in signers[1]._minted.values()} == {(*names, i, v)
+                                                               for i, v in deliveries}
