@@ -87,7 +87,10 @@ COMPILED = CHOICE.compiled
 def describe() -> str:
     """The node's start-up line about its hot path."""
     if COMPILED:
-        return "hot path: compiled (mypyc build of okq/_pure/leases.py and tokens.py)"
+        signs_in_c = getattr(importlib.import_module("okq._compiled.tokens"), "_C_SIGN", None)
+        return ("hot path: compiled (mypyc build of okq/_pure/leases.py and tokens.py; "
+                + ("tokens signed in C)" if signs_in_c is not None else
+                   "tokens signed with hashlib: okq._compiled.signv2 did not load)"))
     return f"hot path: pure Python, since {CHOICE.reason}; it costs {PURE_COST}"
 
 

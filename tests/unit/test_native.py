@@ -51,7 +51,7 @@ def test_an_install_with_a_c_compiler_runs_the_compiled_path() -> None:
     compiled, reason, leases_home, tokens_home, line = probe()
     assert (compiled, reason) == (True, ""), reason
     assert (leases_home, tokens_home) == ("okq._compiled.leases", "okq._compiled.tokens")
-    assert "compiled" in line
+    assert "compiled" in line and "tokens signed in C" in line, line
 
 
 def test_okq_pure_gives_the_pure_path() -> None:
