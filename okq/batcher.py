@@ -41,14 +41,19 @@ class Batcher(Generic[T, R]):
         name: str,
         linger: float | Callable[[], float] = 0.0,
         take: Callable[[list[T]], int] | None = None,
+        answer_later: Callable[[], bool] | None = None,
     ) -> None:
         """``linger``: seconds to wait for more before each batch (or a function
         saying how long, asked before each batch); ``take``: how many of the
-        waiting submissions the next batch takes (at least one; all by default)."""
+        waiting submissions the next batch takes (at least one; all by default);
+        ``answer_later``: asked after each batch, whether its submitters are answered
+        a turn of the event loop later (by a callback: tasks the batch made ready
+        go first) rather than at once."""
         self.process = process
         self.name = name
         self.linger = linger
         self.take = take
+        self.answer_later = answer_later
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._sources: list[Hashable | None] = []  # of each pending submission
         self._task: asyncio.Task[None] | None = None
@@ -120,7 +125,10 @@ class Batcher(Generic[T, R]):
                     self._pending, self._sources = [], []
                     return
                 continue
-            _settle(batch, results)
+            if self.answer_later is not None and self.answer_later():
+                asyncio.get_running_loop().call_soon(_settle, batch, results)
+            else:
+                _settle(batch, results)
 
     async def close(self) -> None:
         """Wait for the batch in flight and those queued behind it."""

@@ -130,8 +130,13 @@ class Publisher:
         self.max_idem_keys = max_idem_keys
         self.max_items = max_segment_items
         self.max_bytes = max_segment_bytes
+        # While a long poll waits, the producers are answered a turn later: the long
+        # poll a publish woke takes its items and hands its lease object's write to
+        # the store first (the producers' replies would run ahead of that write's
+        # task, which the long poll makes after they were made ready).
         self._batcher: Batcher[list[NewItem], Produced] = Batcher(
-            self._publish_calls, name=f"publish {queue}", linger=self._linger, take=self._take)
+            self._publish_calls, name=f"publish {queue}", linger=self._linger, take=self._take,
+            answer_later=lambda: self.waiting() > 0)
         self.linger = linger
         # How many lease requests wait for this queue's items in this process: while
         # any does, a produce is published at once (no linger): a consumer is idle,
@@ -162,11 +167,6 @@ class Publisher:
             # Before the callers are answered: a long poll waiting for these items
             # looks first, and the producers' replies go out while it writes.
             self.on_published()
-            if self.waiting():
-                # A turn of the loop first: the long poll woken takes its items and
-                # hands its lease object's write to the store before the producers'
-                # replies are made (they would run ahead of the write's own task).
-                await asyncio.sleep(0)
         # Commonly every item is new: then nothing is counted item by item.
         taken = None if len(fresh) == len(ids) else set(range(len(ids))) - set(fresh)
         partition = split_partition(self.queue)[1]

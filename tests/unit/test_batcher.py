@@ -104,3 +104,36 @@ async def test_the_linger_still_ends_on_its_own() -> None:
     assert await asyncio.wait_for(batcher.submit(3, "A"), 5) == 3  # B never comes back
     assert loop.time() - began >= 0.05
     assert seen == [[1, 2], [3]]
+
+
+@pytest.mark.parametrize("later", [False, True])
+async def test_answer_later_lets_a_task_the_batch_woke_start_its_own_work_first(
+        later: bool) -> None:
+    """A batch wakes a task, which starts a task of its own (as a woken long poll
+    starts its lease object's write): answered later, the submitter comes after
+    that task; answered at once, before it."""
+    order: list[str] = []
+    wake = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def woken() -> None:
+        await wake.wait()
+        order.append("woken")
+        tasks.append(asyncio.ensure_future(started()))
+
+    async def started() -> None:
+        order.append("its own work")
+
+    async def process(items: list[int]) -> list[int | BaseException]:
+        wake.set()
+        return items
+
+    b: Batcher[int, int] = Batcher(process, name="t", answer_later=lambda: later)
+    waiter = asyncio.ensure_future(woken())
+    await asyncio.sleep(0)
+    assert await b.submit(1) == 1
+    order.append("answered")
+    await waiter
+    await asyncio.gather(*tasks)
+    assert order == (["woken", "its own work", "answered"] if later
+                     else ["woken", "answered", "its own work"])
