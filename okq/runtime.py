@@ -153,9 +153,7 @@ class QueueRuntime:
         """Every long poll of this queue looks now."""
         self.wake.set()
         while self.sleepers:
-            sleeper = self.sleepers.popleft()
-            if not sleeper.done():
-                sleeper.set_result(None)
+            self.wake_one()
 
 
 LAST_KEPT = 4096  # groups whose last handout RecentGroups remembers, at most

@@ -261,16 +261,17 @@ class _MadeAhead:
             return
         folder = next(iter(self._wanted))
         made = self._made.setdefault(folder, [])
-        if len(made) < AHEAD_PER_FOLDER and sum(map(len, self._made.values())) < AHEAD_MAX:
+        done = len(made) >= AHEAD_PER_FOLDER or sum(map(len, self._made.values())) >= AHEAD_MAX
+        if not done:
             path = _temporary_name(folder)
             try:
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             except OSError:  # the folder is gone: a write there makes its own
-                made = []
+                done = True
             else:
                 made.append(path)
-        if len(made) >= AHEAD_PER_FOLDER or not made or \
-                sum(map(len, self._made.values())) >= AHEAD_MAX:
+                done = len(made) >= AHEAD_PER_FOLDER
+        if done:
             del self._wanted[folder]
         if self._wanted:
             self._timer = loop.call_later(0, self._make, loop)
