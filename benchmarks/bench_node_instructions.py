@@ -20,8 +20,14 @@ this in each. Under valgrind a node is about 50 times slower: a run takes one
 to three minutes.
 
     python benchmarks/bench_node_instructions.py [--messages 2000] [--store file|memory]
-        [--batch 100] [--client] [--partitions 1] [--sequencer] [--nodes 1]
-        [--workers 1] [--event-loop auto|uvloop|asyncio]
+        [--batch 100] [--lease-batch N] [--client] [--partitions 1] [--sequencer]
+        [--nodes 1] [--workers 1] [--event-loop auto|uvloop|asyncio]
+
+``--lease-batch`` leases batches of another size than the produce's, the
+segments staying the same: counts at two lease batches split lease+complete's
+instructions into a part per message and a part per request pair (a lease and
+its complete), the latter holding the work each write does over its whole
+lease object.
 
 With ``--nodes 2 --sequencer --partitions 2 --workers 4`` it counts a fleet of two
 nodes serving one queue of two partitions (each node claims the partition it first
@@ -47,6 +53,7 @@ from okq.client import Client
 from okq.dev.servers import free_port
 
 BATCH = 100  # --batch
+LEASE_BATCH = BATCH  # --lease-batch
 PAYLOAD = b"x" * 1024
 KEYS = "bench-signing-key-0123456789abcdef"
 PHASES = ("produce", "lease+complete")
@@ -106,7 +113,7 @@ async def drive(urls: list[str], messages: int, node_pids: list[int],
                 nonlocal done
                 client = clients[k % len(clients)]
                 while done < n:
-                    got = await client.lease(queue, BATCH, request_timeout=0.5)
+                    got = await client.lease(queue, LEASE_BATCH, request_timeout=0.5)
                     if got:
                         await client.complete(queue, [i.token for i in got])
                         done += len(got)
@@ -149,12 +156,14 @@ def callgrind(out: Path, argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    global BATCH
+    global BATCH, LEASE_BATCH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--store", choices=("file", "memory"), default="file")
     parser.add_argument("--batch", type=int, default=BATCH,
                         help="messages per produce and per lease (default 100)")
+    parser.add_argument("--lease-batch", type=int, default=None,
+                        help="messages per lease, when not --batch")
     parser.add_argument("--client", action="store_true",
                         help="count the client's instructions too (the driver under callgrind)")
     parser.add_argument("--partitions", type=int, default=1,
@@ -173,6 +182,7 @@ def main() -> None:
     parser.add_argument("--node-pid", type=int, action="append", help=argparse.SUPPRESS)
     args = parser.parse_args()
     BATCH = args.batch
+    LEASE_BATCH = args.lease_batch or BATCH
     args.messages -= args.messages % BATCH
     if args.url:  # the driver, itself under callgrind
         asyncio.run(drive(args.url, args.messages, args.node_pid, os.getpid(),
@@ -207,7 +217,8 @@ def main() -> None:
             if args.client:
                 subprocess.run(callgrind(client_out, [
                     sys.executable, __file__, "--messages", str(args.messages),
-                    "--batch", str(BATCH), "--partitions", str(args.partitions),
+                    "--batch", str(BATCH), "--lease-batch", str(LEASE_BATCH),
+                    "--partitions", str(args.partitions),
                     "--workers", str(args.workers),
                     *(a for url in urls for a in ("--url", url)),
                     *(a for pid in pids for a in ("--node-pid", str(pid)))]),
@@ -220,7 +231,8 @@ def main() -> None:
             for node in nodes:
                 node.terminate()
                 node.wait(60)
-        print(f"{args.messages:,} messages, batches of {BATCH}, 1 KiB, {args.store} store, "
+        leases = f" (leases of {LEASE_BATCH})" if LEASE_BATCH != BATCH else ""
+        print(f"{args.messages:,} messages, batches of {BATCH}{leases}, 1 KiB, {args.store} store, "
               f"{args.nodes} node(s), {args.partitions} partition(s)"
               f"{', sequencer' if args.sequencer else ''}, {args.workers} producer(s) then "
               f"consumer(s), event loop {args.event_loop} ({took:.0f} s under callgrind)")
