@@ -7,7 +7,9 @@ copied to okq/_compiled/ for the moment mypyc generates C from them, then
 removed; the C is compiled as okq._compiled.leases and okq._compiled.tokens.
 okq/_native/signv2.c, which the compiled tokens module signs with, is compiled
 with them as okq._compiled.signv2 (the record does not hash it: a stale build of
-it signs the same tokens, which tests/unit/test_tokens.py holds it to).
+it signs the same tokens, which tests/unit/test_tokens.py holds it to), and
+okq/_native/uring.c as okq.store._uring, the file store's data syncs through
+io_uring (a stub that refuses elsewhere than Linux).
 okq/_compiled/build.json records whether that happened, why not, and the
 SHA-256 of each source compiled, and the C compiler found (or none): okq/native.py
 reads it to choose. Nothing here fails the install: without mypyc or a working C
@@ -83,6 +85,9 @@ def compiled_extensions() -> tuple[list[Extension], str]:
             group_name="okq._compiled.hotpath")
         # Version 2 tokens signed in C, which the compiled tokens module uses.
         extensions.append(Extension("okq._compiled.signv2", ["okq/_native/signv2.c"]))
+        # The file store's data syncs through io_uring (a stub elsewhere than Linux):
+        # a store module, below the hot path's layer; okq/store/file.py loads it.
+        extensions.append(Extension("okq.store._uring", ["okq/_native/uring.c"]))
     except (Exception, SystemExit) as exc:  # mypy reports its errors by exiting
         return [], f"mypyc could not translate it ({exc!r})"
     finally:

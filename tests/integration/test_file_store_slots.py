@@ -6,10 +6,12 @@ a failed write spoilt is passed over, so a reader finds the version before."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,65 @@ from okq.store.file import SLOTS_MAGIC, FileStore
 
 KEY = "default/leases/q/seg"
 REPO = Path(__file__).resolve().parents[2]
+
+
+class RingSpy:
+    """A store's io_uring (okq/_native/uring.c), its syncs counted and, with ``fail``,
+    each completing as a failed sync would (EIO)."""
+
+    def __init__(self, ring: Any, calls: list[str]) -> None:
+        self.ring, self.calls, self.fail = ring, calls, False
+
+    def fdatasync(self, fd: int, tag: int) -> None:
+        self.calls.append("sync")
+        self.ring.fdatasync(fd, tag)
+
+    def reap(self) -> list[tuple[int, int]]:
+        return [(tag, -errno.EIO if self.fail else result) for tag, result in self.ring.reap()]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ring, name)
+
+
+@pytest.fixture(params=["thread", "ring"])
+def syncs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Overwrites in place synced by the commit thread or through io_uring ("Syncs
+    without a thread"): ``calls`` records each data sync; ``fail()`` makes the next
+    ones fail; ``on(store)`` readies a store (before its first overwrite)."""
+    calls: list[str] = []
+    state: dict[str, Any] = {"calls": calls, "path": request.param}
+    if request.param == "thread":
+        monkeypatch.setenv("OKQ_FILE_URING", "0")
+        real_sync = file_store._fdatasync
+
+        def sync(fd: int) -> None:
+            calls.append("sync")
+            if state.get("failing"):
+                raise OSError(errno.EIO, "Input/output error")
+            real_sync(fd)
+
+        monkeypatch.setattr(file_store, "_fdatasync", sync)
+        state["on"] = lambda store: None
+        state["fail"] = lambda on: state.__setitem__("failing", on)
+        return state
+    monkeypatch.setenv("OKQ_FILE_URING", "1")
+    monkeypatch.delenv("OKQ_PURE", raising=False)  # the ring runs with either hot path
+    spies: list[RingSpy] = []
+
+    def on(store: FileStore) -> None:
+        ring = store._ring_for(asyncio.get_running_loop())
+        if ring is None:
+            pytest.skip("io_uring is not available here (okq.store._uring not built, or "
+                        "the kernel refuses it)")
+        spies.append(RingSpy(ring.ring, calls))
+        ring.ring = spies[-1]
+
+    def fail(on_: bool) -> None:
+        for spy in spies:
+            spy.fail = on_
+
+    state["on"], state["fail"] = on, fail
+    return state
 
 
 def slot_header_at(path: Path, slot: int) -> int:
@@ -35,19 +96,17 @@ def current_slot(path: Path) -> int:
 
 
 async def test_an_overwrite_writes_in_place_and_syncs_only_the_data(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, syncs: dict[str, Any]) -> None:
     store = FileStore(tmp_path)
     etag = await store.put(KEY, b"v1", if_none_match=True)
     path = tmp_path / KEY
     assert path.read_bytes().startswith(SLOTS_MAGIC)
     inode, size = path.stat().st_ino, path.stat().st_size
-    calls: list[str] = []
+    syncs["on"](store)
+    calls: list[str] = syncs["calls"]
     monkeypatch.setattr(file_store, "_fsync_dir", lambda p: calls.append("fsync folder"))
     monkeypatch.setattr(file_store, "_rename_temporary",
                         lambda *a, **k: calls.append("rename"))
-    real_sync = file_store._fdatasync
-    monkeypatch.setattr(file_store, "_fdatasync", lambda fd: (calls.append("sync"),
-                                                               real_sync(fd))[1])
     for n in range(2, 6):
         etag = await store.put(KEY, f"version {n}".encode(), if_match=etag)
         assert etag == etag_of(f"version {n}".encode())
@@ -110,17 +169,15 @@ async def test_a_file_with_neither_slot_whole_is_an_error_not_an_object(
 
 
 async def test_a_failed_sync_fails_the_write_and_readers_keep_the_version_before(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, syncs: dict[str, Any]) -> None:
     store = FileStore(tmp_path)
     etag = await store.put(KEY, b"before", if_none_match=True)
-
-    def failing(fd: int) -> None:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(file_store, "_fdatasync", failing)
+    syncs["on"](store)
+    syncs["fail"](True)
     with pytest.raises(StorageError):
         await store.put(KEY, b"never acknowledged", if_match=etag)
-    monkeypatch.undo()
+    syncs["fail"](False)
+    assert syncs["calls"] == ["sync"]
     blob = await FileStore(tmp_path).get(KEY)
     assert (blob.data, blob.etag) == (b"before", etag)
     assert await store.put(KEY, b"after", if_match=etag) == etag_of(b"after")
