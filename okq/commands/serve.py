@@ -105,10 +105,12 @@ async def run_node(settings: Settings, loop_name: str = "asyncio") -> None:
     from okq.server.app import create_app
     from okq.server.listener import listen
     from okq.server.state import advertise
-    from okq.store import open_store
+    from okq.store import FileStore, open_store
 
     store = open_store(settings.store, endpoint_url=settings.endpoint_url,
                        timeout=settings.s3_timeout)
+    if isinstance(store, FileStore):  # its writes then never make a lock stripe
+        await asyncio.to_thread(store.make_lock_stripes)
     app = create_app(settings, store)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=30)
     try:
