@@ -72,11 +72,20 @@ static void Ring_dealloc(Ring *r) {
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
+/* A ring with nothing open: what __init__ starts from, and what a ring whose
+ * __init__ failed or never ran is freed as (its descriptors are never 0). */
+static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Ring *r = (Ring *)type->tp_alloc(type, 0);
+    if (r != NULL) r->fd = r->event = -1;
+    return (PyObject *)r;
+}
+
 static int Ring_init(Ring *r, PyObject *args, PyObject *kwds) {
     static char *names[] = {"entries", NULL};
     unsigned entries = 64;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|I", names, &entries)) return -1;
-    r->fd = r->event = -1;
+    release(r);  /* __init__ called again: the old ring closed first */
+    r->pending = 0;
 #ifndef OKQ_URING
     PyErr_SetString(PyExc_OSError, "io_uring is not available on this platform");
     return -1;
@@ -256,7 +265,7 @@ static PyTypeObject RingType = {
     .tp_methods = Ring_methods,
     .tp_getset = Ring_getset,
     .tp_init = (initproc)Ring_init,
-    .tp_new = PyType_GenericNew,
+    .tp_new = Ring_new,
 };
 
 static struct PyModuleDef module = {

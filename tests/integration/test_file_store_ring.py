@@ -249,3 +249,25 @@ def test_the_ring_reports_each_sync_by_its_tag(tmp_path: Path) -> None:
         ring.fdatasync(0, 1)
     with pytest.raises(ValueError):
         ring.fileno()
+
+
+def test_a_ring_never_opened_closes_no_descriptor_of_anyone_else() -> None:
+    """A Ring whose __init__ never ran, or failed on its arguments, holds no
+    descriptor: freeing it closes nothing (not standard input, descriptor 0)."""
+    ours = None
+    try:
+        os.fstat(0)
+    except OSError:  # closed here: opened by the test, so that closing it shows
+        ours = os.open(os.devnull, os.O_RDONLY)
+        assert ours == 0
+    try:
+        before = os.fstat(0)
+        never = _uring.Ring.__new__(_uring.Ring)
+        assert never.closed
+        del never
+        with pytest.raises(TypeError):
+            _uring.Ring("many")
+        assert os.fstat(0).st_ino == before.st_ino
+    finally:
+        if ours is not None:
+            os.close(ours)
