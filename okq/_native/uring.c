@@ -61,10 +61,10 @@ static void release(Ring *r) {
     if (r->sq_map != NULL && r->sq_map != MAP_FAILED) munmap(r->sq_map, r->sq_len);
     r->sqes = NULL;
     r->sq_map = r->cq_map = NULL;
-#endif
     if (r->fd >= 0) close(r->fd);
     if (r->event >= 0) close(r->event);
-    r->fd = r->event = -1;
+#endif
+    r->fd = r->event = -1;  /* elsewhere than Linux they never are anything else */
 }
 
 static void Ring_dealloc(Ring *r) {
