@@ -67,6 +67,23 @@ async def slotted(store: FileStore, key: str, data: bytes = b"v0") -> str:
     return await store.put(key, data, if_none_match=True)
 
 
+def holding(store: FileStore) -> tuple[Any, Held]:
+    """The store's ring on this loop, its completions held back until ``go``."""
+    ring = store._ring_for(asyncio.get_running_loop())
+    assert ring is not None
+    held = Held(ring.ring)
+    ring.ring = held
+    return ring, held
+
+
+async def in_the_ring(ring: Any, write: Any) -> asyncio.Future[str]:
+    """``write`` started, once its sync is in ``ring``."""
+    started = asyncio.ensure_future(write)
+    while not ring.waiting:
+        await asyncio.sleep(0.005)
+    return started
+
+
 async def test_overwrites_in_place_go_through_the_ring_not_the_commit_thread(
         tmp_path: Path, thread_jobs: list[Any]) -> None:
     store = FileStore(tmp_path)
@@ -93,10 +110,7 @@ async def test_more_overwrites_than_the_ring_holds_go_to_the_commit_thread(
     keys = [f"q/leases/s{n}" for n in range(24)]
     etags = [await slotted(store, k) for k in keys]
     thread_jobs.clear()
-    ring = store._ring_for(asyncio.get_running_loop())
-    assert ring is not None
-    held = Held(ring.ring)
-    ring.ring = held
+    ring, held = holding(store)
     writes = [asyncio.ensure_future(store.put(k, b"new " + k.encode(), if_match=e))
               for k, e in zip(keys, etags, strict=True)]
     while len(ring.waiting) + len(thread_jobs) < len(keys):
@@ -118,13 +132,8 @@ async def test_a_write_is_acknowledged_and_its_key_unlocked_only_once_synced(
     when the first caller is cancelled meanwhile."""
     store = FileStore(tmp_path)
     etag = await slotted(store, "q/leases/s")
-    ring = store._ring_for(asyncio.get_running_loop())
-    assert ring is not None
-    held = Held(ring.ring)
-    ring.ring = held
-    first = asyncio.ensure_future(store.put("q/leases/s", b"first", if_match=etag))
-    while not ring.waiting:
-        await asyncio.sleep(0.005)
+    ring, held = holding(store)
+    first = await in_the_ring(ring, store.put("q/leases/s", b"first", if_match=etag))
     await asyncio.sleep(0.05)
     assert not first.done()
     first.cancel()
@@ -143,11 +152,8 @@ async def test_a_failed_sync_through_the_ring_fails_the_write_and_unlocks_the_ke
         tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     etag = await slotted(store, "q/leases/s", b"before")
-    ring = store._ring_for(asyncio.get_running_loop())
-    assert ring is not None
-    held = Held(ring.ring)
+    _, held = holding(store)
     held.go, held.fail = True, True
-    ring.ring = held
     with pytest.raises(StorageError, match="Input/output error"):
         await store.put("q/leases/s", b"never acknowledged", if_match=etag)
     assert (await FileStore(tmp_path).get("q/leases/s")).data == b"before"
@@ -160,13 +166,8 @@ async def test_a_store_closed_with_syncs_in_flight_closes_its_ring_once_they_lan
         tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     etag = await slotted(store, "q/leases/s")
-    ring = store._ring_for(asyncio.get_running_loop())
-    assert ring is not None
-    held = Held(ring.ring)
-    ring.ring = held
-    write = asyncio.ensure_future(store.put("q/leases/s", b"late", if_match=etag))
-    while not ring.waiting:
-        await asyncio.sleep(0.005)
+    ring, held = holding(store)
+    write = await in_the_ring(ring, store.put("q/leases/s", b"late", if_match=etag))
     await store.close()
     assert not held.ring.closed and not write.done()
     held.go = True
