@@ -347,7 +347,8 @@ class FileStore:
         # A fixed set of lock stripes: the folder stays small whatever the number of
         # keys, and keys that share a stripe merely take turns.
         digest = hashlib.sha1(key.encode(), usedforsecurity=False).digest()
-        return f"{self._root}/{LOCK_DIR}/{int.from_bytes(digest[:2], 'big') % LOCK_STRIPES:04d}"
+        stripe = _stripe_name(int.from_bytes(digest[:2], 'big') % LOCK_STRIPES)
+        return f"{self._root}/{LOCK_DIR}/{stripe}"
 
     async def _lock(self, key: str) -> _Held:
         """The key's stripe locked, without blocking the event loop: first among this
@@ -399,7 +400,7 @@ class FileStore:
         have = set(os.listdir(folder))
         made = 0
         for n in range(LOCK_STRIPES):
-            name = f"{n:04d}"
+            name = _stripe_name(n)
             if name not in have:
                 os.close(os.open(f"{folder}/{name}", os.O_RDWR | os.O_CREAT, 0o644))
                 made += 1
@@ -832,8 +833,7 @@ class _Ring:
             failure = None
             if result < 0:
                 failure = OSError(-result, os.strerror(-result))
-                with contextlib.suppress(OSError):  # readers keep the version before
-                    os.pwrite(fd, bytes(_SLOT_HEAD.size), at)
+                _void_slot(fd, at)
             for opened in (fd, lock):
                 with contextlib.suppress(OSError):
                     os.close(opened)
@@ -1117,11 +1117,17 @@ def _sync_slot(fd: int, at: int) -> None:
     try:
         _fdatasync(fd)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.pwrite(fd, bytes(_SLOT_HEAD.size), at)
+        _void_slot(fd, at)
         raise
     finally:
         os.close(fd)
+
+
+def _void_slot(fd: int, at: int) -> None:
+    """The header of the slot at ``at`` zeroed after its sync failed (best effort),
+    so that readers go on reading the version before."""
+    with contextlib.suppress(OSError):
+        os.pwrite(fd, bytes(_SLOT_HEAD.size), at)
 
 
 def _write_temporary(path: str, data: bytes, spare: str | None = None) -> tuple[str, int]:
@@ -1182,6 +1188,11 @@ def _rename_temporary(tmp: str, fd: int, target: str, *, keep_old: bool = False
             _unlink_quietly(retired)
         raise
     return retired
+
+
+def _stripe_name(n: int) -> str:
+    """Lock stripe ``n``'s file name in ``LOCK_DIR``."""
+    return f"{n:04d}"
 
 
 def _parent(path: str) -> str:
